@@ -1,0 +1,53 @@
+"""The DeepSpeed-compatible config layer: schema, loading, the batch triad, clear errors.
+
+Importable without torch.distributed or Ray.
+"""
+
+from autotune.config.errors import ConfigError
+from autotune.config.loader import (
+    SEARCHABLE_KEYS,
+    load_config,
+    read_json,
+    resolve_batch_triad,
+)
+from autotune.config.schema import (
+    AMPConfig,
+    AutotuningConfig,
+    BF16Config,
+    Config,
+    FlopsProfilerConfig,
+    FP16Config,
+    Metric,
+    OffloadDevice,
+    OffloadOptimizerConfig,
+    OffloadParamConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    TunerType,
+    ZeroConfig,
+)
+from autotune.config.sizes import format_size, parse_size
+
+__all__ = [
+    "SEARCHABLE_KEYS",
+    "AMPConfig",
+    "AutotuningConfig",
+    "BF16Config",
+    "Config",
+    "ConfigError",
+    "FP16Config",
+    "FlopsProfilerConfig",
+    "Metric",
+    "OffloadDevice",
+    "OffloadOptimizerConfig",
+    "OffloadParamConfig",
+    "OptimizerConfig",
+    "SchedulerConfig",
+    "TunerType",
+    "ZeroConfig",
+    "format_size",
+    "load_config",
+    "parse_size",
+    "read_json",
+    "resolve_batch_triad",
+]

@@ -1,0 +1,56 @@
+"""Human-readable byte sizes ("16GiB", "512MB", 1e9) for memory budgets."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes in ``value``: an integer, or a number with a unit (``"16GiB"``, ``"1.5 GB"``).
+
+    Bare ``K``/``M``/``G`` are binary units, as in ``ulimit`` and PyTorch's memory tools.
+
+    Raises:
+        ValueError: if the value is not a positive size.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size such as 16GiB, got {value!r}")
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.match(value)
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"expected a size such as 16GiB or 512MB, got {value!r}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"a size must be positive, got {value!r}")
+    return size
+
+
+def format_size(num_bytes: float) -> str:
+    """``1536`` → ``"1.5 KiB"``: binary units, one decimal."""
+    size = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs autotune into the active Python environment.
+#   bash install.sh         the tool
+#   bash install.sh dev     the tool plus test and lint tools
+# torch goes in first and explicitly: with a GPU (nvidia-smi answers) the default CUDA build,
+# without one the CPU build, so a laptop or CI box never pulls a multi-GB CUDA wheel.
+# AUTOTUNE_TORCH_SPEC overrides the torch requirement (e.g. "torch==2.9.1").
+set -euo pipefail
+cd "$(dirname "$0")"
+extra=""
+[ "${1:-}" = "dev" ] && extra="[dev]"
+pip() { python -m pip --disable-pip-version-check -q "$@"; }
+
+if [ -n "${AUTOTUNE_TORCH_SPEC:-}" ]; then
+    pip install "$AUTOTUNE_TORCH_SPEC"
+elif python -c "import torch" 2>/dev/null; then
+    :  # keep the torch the user already has
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    pip install "torch>=2.4,<2.15"
+else
+    # CPU-only: 2.13.0 is the CPU wheel on this project's machines; elsewhere PIP_EXTRA_INDEX_URL
+    # may point at https://download.pytorch.org/whl/cpu to get the CPU build.
+    pip install "torch==2.13.0"
+fi
+pip install -e ".${extra}"
