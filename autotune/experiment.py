@@ -1,0 +1,206 @@
+"""What an experiment is and what it produced: plain, frozen, JSON-ready records.
+
+An experiment = (a concrete config, a workload, a world size) → an :class:`ExperimentResult`
+with a :class:`Status`. Runners produce results, the tuner reads them, the results directory
+stores them. Nothing here imports torch or Ray.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """How an experiment ended. Only ``ok`` results have metrics and rank."""
+
+    ok = "ok"
+    oom = "oom"
+    error = "error"
+    timeout = "timeout"
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """Everything a runner needs to run one experiment.
+
+    Attributes:
+        name: unique within a results directory; also the experiment's folder name.
+        ds_config: the concrete DeepSpeed config (batch triad resolved, no search lists).
+        workload: a built-in name (``gpt``) or ``package.module:function``.
+        workload_args: keyword arguments for the workload factory.
+        world_size: number of ranks.
+        start_profile_step: first optimizer step inside the timed window (1-based).
+        end_profile_step: last optimizer step inside the timed window, inclusive.
+        timeout_s: wall-clock limit for the whole experiment.
+        device_memory_bytes: per-rank memory budget (None: the device's own limit).
+        seed: model initialisation seed (same on every rank); data uses ``seed + rank``.
+        flops_per_sample: training FLOPs per sample if already known (else counted once).
+        cpus_per_rank: torch threads per rank process.
+    """
+
+    name: str
+    ds_config: Mapping[str, Any]
+    workload: str = "gpt"
+    workload_args: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int = 2
+    start_profile_step: int = 3
+    end_profile_step: int = 5
+    timeout_s: float = 600.0
+    device_memory_bytes: int | None = None
+    seed: int = 0
+    flops_per_sample: float | None = None
+    cpus_per_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.start_profile_step <= self.end_profile_step:
+            raise ValueError(
+                f"profile window must satisfy 1 <= start ({self.start_profile_step}) <= "
+                f"end ({self.end_profile_step})"
+            )
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+
+    @property
+    def window_steps(self) -> int:
+        return self.end_profile_step - self.start_profile_step + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ds_config"] = dict(self.ds_config)
+        data["workload_args"] = dict(self.workload_args)
+        return data
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Measured over the profile window, end to end, with ranks synchronised at each step.
+
+    Same meaning as DeepSpeed's: ``latency`` seconds per optimizer step (lower is better);
+    ``throughput`` global samples per second; ``flops`` floating-point operations per second
+    per rank. ``step_times_s`` are the window's individual steps so noise stays visible.
+    """
+
+    latency: float
+    throughput: float
+    flops: float
+    peak_memory_bytes: int
+    step_times_s: tuple[float, ...]
+    train_batch_size: int
+    flops_per_step: float
+
+    @property
+    def latency_spread(self) -> float:
+        """(slowest − fastest) / median step: 0.1 means steps varied by 10%."""
+        from autotune.profiling.window import window_stats
+
+        return window_stats(self.step_times_s).spread
+
+    @classmethod
+    def from_window(
+        cls,
+        step_times_s: Sequence[float],
+        train_batch_size: int,
+        flops_per_step: float,
+        peak_memory_bytes: int,
+    ) -> Metrics:
+        """Derive the metrics from the window's step times.
+
+        ``throughput × latency = train_batch_size`` holds by construction.
+        """
+        if not step_times_s:
+            raise ValueError("a profile window needs at least one step")
+        latency = sum(step_times_s) / len(step_times_s)
+        return cls(
+            latency=latency,
+            throughput=train_batch_size / latency,
+            flops=flops_per_step / latency,
+            peak_memory_bytes=peak_memory_bytes,
+            step_times_s=tuple(step_times_s),
+            train_batch_size=train_batch_size,
+            flops_per_step=flops_per_step,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["step_times_s"] = list(self.step_times_s)
+        data["latency_spread"] = self.latency_spread
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Metrics:
+        names = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in data.items() if k in names}
+        values["step_times_s"] = tuple(values.get("step_times_s", ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where an experiment's wall time went, in seconds."""
+
+    startup_s: float = 0.0  # process group, workload, engine, FLOP count
+    warmup_s: float = 0.0
+    window_s: float = 0.0
+    total_s: float = 0.0  # as seen by the runner, launch to verdict
+
+    @property
+    def overhead_s(self) -> float:
+        """Time not spent training: the runner's cost of the experiment."""
+        return max(0.0, self.total_s - self.warmup_s - self.window_s)
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    """The outcome of one experiment. A failure is a result too, never an exception."""
+
+    name: str
+    status: Status
+    metrics: Metrics | None = None
+    error: str | None = None  # one line: "ValueError: boom"
+    error_detail: str | None = None  # the last traceback lines of the first failing rank
+    failed_rank: int | None = None
+    started_at: str = ""  # ISO 8601, UTC
+    timings: Timings = field(default_factory=Timings)
+    node_ids: tuple[str, ...] = ()  # where each rank ran (hostname or Ray node id)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.ok
+
+    @property
+    def duration_s(self) -> float:
+        return self.timings.total_s
+
+    def with_timings(self, **changes: float) -> ExperimentResult:
+        return replace(self, timings=replace(self.timings, **changes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "metrics": self.metrics.to_dict() if self.metrics else None,
+            "error": self.error,
+            "error_detail": self.error_detail,
+            "failed_rank": self.failed_rank,
+            "started_at": self.started_at,
+            "timings": asdict(self.timings),
+            "node_ids": list(self.node_ids),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentResult:
+        metrics = data.get("metrics")
+        return cls(
+            name=data["name"],
+            status=Status(data["status"]),
+            metrics=Metrics.from_dict(metrics) if metrics else None,
+            error=data.get("error"),
+            error_detail=data.get("error_detail"),
+            failed_rank=data.get("failed_rank"),
+            started_at=data.get("started_at", ""),
+            timings=Timings(**data.get("timings", {})),
+            node_ids=tuple(data.get("node_ids", ())),
+        )

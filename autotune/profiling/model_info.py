@@ -1,0 +1,85 @@
+"""A cheap profile of a workload for the tuner's memory estimate: parameters, activations, FLOPs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.profiling.flops import flops_per_micro_batch
+from autotune.workloads import Workload
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Sizes of a workload that do not depend on the ZeRO config."""
+
+    num_params: int
+    """Parameters, each shared parameter counted once."""
+    param_bytes: int
+    """Bytes of the parameters in their own dtypes."""
+    activation_bytes_per_sample: int
+    """Bytes that autograd saves for backward, per sample of the micro-batch (the slope between
+    micro-batches of 1 and 2, so parts that do not grow with the batch are left out)."""
+    flops_per_sample: float
+    """FLOPs of forward + backward per sample (see ``flops_per_micro_batch``)."""
+
+
+def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
+    """Bytes of the tensors autograd saves for backward during ``model(*inputs)``.
+
+    Runs the forward for real (on the model's device), with ``saved_tensors_hooks`` recording
+    every saved tensor. Tensors are counted by storage, once each, whole: a view keeps its whole
+    storage alive. Parameters and buffers (and views of them) are not activations and are left
+    out.
+
+    Args:
+        model: A module whose forward returns a loss.
+        inputs: Its positional inputs.
+
+    Returns:
+        Bytes held for backward once the forward has returned.
+    """
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in own:  # ptr 0: an empty storage, holds nothing
+            saved[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(*inputs)
+    del loss  # frees the graph and what it saved
+    return sum(saved.values())
+
+
+def model_info(workload: Workload, micro_batch_size: int = 1) -> ModelInfo:
+    """Parameters, activation bytes and FLOPs of a workload, in about a second.
+
+    Activations are measured with two real forwards, at micro-batches of 1 and 2, on the
+    model's device; FLOPs are counted on meta at ``micro_batch_size``.
+
+    Args:
+        workload: The workload (its model on CPU, typically).
+        micro_batch_size: The micro-batch at which FLOPs are counted.
+
+    Returns:
+        The model's info.
+    """
+    params = list({id(p): p for p in workload.model.parameters()}.values())
+    generator = torch.Generator().manual_seed(0)
+    one = saved_activation_bytes(workload.model, workload.make_batch(1, generator))
+    two = saved_activation_bytes(workload.model, workload.make_batch(2, generator))
+    flops = flops_per_micro_batch(workload, micro_batch_size)
+    return ModelInfo(
+        num_params=sum(p.numel() for p in params),
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        activation_bytes_per_sample=max(two - one, 0),
+        flops_per_sample=flops / micro_batch_size,
+    )

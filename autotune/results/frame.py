@@ -1,0 +1,92 @@
+"""The results directory as a pandas DataFrame, one row per finished experiment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.config.loader import SEARCHABLE_KEYS
+from autotune.results.store import LOG_NAME, ResultsDir, ResultsDirError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Knobs flattened into columns besides the searchable keys.
+EXTRA_KNOBS = ("zero_optimization.offload_optimizer.device", "bf16.enabled", "fp16.enabled")
+METRIC_COLUMNS = ("latency", "throughput", "flops", "peak_memory_bytes", "latency_spread")
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """Load a results directory into a DataFrame.
+
+    Columns: ``name``, ``status``, ``zero_stage``, ``micro_batch_size``,
+    ``gradient_accumulation_steps``, ``train_batch_size``, ``latency`` (s/step), ``throughput``
+    (samples/s), ``flops`` (FLOP/s per rank), ``peak_memory_bytes``, ``latency_spread``,
+    ``error``, ``started_at``, ``duration_s``, ``overhead_s``, ``repeat_of``, plus every tuned
+    knob flattened under its dotted key (``zero_optimization.reduce_bucket_size``, ...).
+
+    Raises:
+        ResultsDirError: ``path`` is not a results directory.
+
+    Example:
+        >>> df = load_results("autotune_results")
+        >>> df[df.status == "ok"].sort_values("throughput", ascending=False).head()
+    """
+    import pandas as pd
+
+    directory = Path(path)
+    if not (directory / LOG_NAME).exists():
+        raise ResultsDirError(f"{directory} is not an autotune results directory (no {LOG_NAME})")
+    rows = [_row(record) for record in ResultsDir(directory).records()]
+    frame = pd.DataFrame(rows, columns=_columns(rows))
+    if not frame.empty:
+        frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
+    return frame
+
+
+def _row(record: dict[str, Any]) -> dict[str, Any]:
+    config = record.get("ds_config") or {}
+    metrics = record.get("metrics") or {}
+    timings = record.get("timings") or {}
+    zero = config.get("zero_optimization") or {}
+    row: dict[str, Any] = {
+        "name": record["name"],
+        "status": record["status"],
+        "zero_stage": zero.get("stage", 0),
+        "micro_batch_size": config.get("train_micro_batch_size_per_gpu"),
+        "gradient_accumulation_steps": config.get("gradient_accumulation_steps"),
+        "train_batch_size": config.get("train_batch_size"),
+        **{column: metrics.get(column) for column in METRIC_COLUMNS},
+        "error": record.get("error"),
+        "started_at": record.get("started_at"),
+        "duration_s": timings.get("total_s"),
+        "overhead_s": _overhead(timings),
+        "repeat_of": record.get("repeat_of"),
+    }
+    for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):
+        if "." in key:
+            row[key] = _dig(config, key)
+    return row
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    if rows:
+        return list(rows[0])
+    return list(_row({"name": "", "status": ""}))
+
+
+def _dig(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _overhead(timings: dict[str, Any]) -> float | None:
+    if "total_s" not in timings:
+        return None
+    return max(
+        0.0, timings["total_s"] - timings.get("warmup_s", 0.0) - timings.get("window_s", 0.0)
+    )

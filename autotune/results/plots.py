@@ -1,0 +1,109 @@
+"""Plots of a results DataFrame (from :func:`load_results`) for notebooks and reports."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+
+LOWER_IS_BETTER = {"latency"}
+LABELS = {
+    "throughput": "throughput (samples/s)",
+    "latency": "latency (s/step)",
+    "flops": "FLOP/s per rank",
+    "peak_memory_bytes": "peak memory per rank (GiB)",
+}
+
+
+def _axes(ax: Axes | None) -> Axes:
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+
+    _, new_ax = plt.subplots(figsize=(6, 4))
+    return new_ax
+
+
+def _ok(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "ok"]
+
+
+def metric_vs_micro_batch(
+    frame: pd.DataFrame, metric: str = "throughput", ax: Axes | None = None
+) -> Axes:
+    """One line per ZeRO stage: the metric against the micro-batch size (best knobs each)."""
+    ax = _axes(ax)
+    ok = _ok(frame)
+    best = max if metric not in LOWER_IS_BETTER else min
+    for stage, group in ok.groupby("zero_stage"):
+        points = group.groupby("micro_batch_size")[metric].agg(best).sort_index()
+        ax.plot(points.index, points.values, marker="o", label=f"ZeRO {stage}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("micro-batch size per rank")
+    ax.set_ylabel(LABELS.get(metric, metric))
+    ax.set_title(f"{metric} by micro-batch and stage")
+    if len(ok):
+        ax.legend()
+    return ax
+
+
+def best_so_far(frame: pd.DataFrame, metric: str = "throughput", ax: Axes | None = None) -> Axes:
+    """The best metric found after each experiment: how fast the search paid off."""
+    ax = _axes(ax)
+    values = frame[metric].where(frame["status"] == "ok")
+    running = values.cummin() if metric in LOWER_IS_BETTER else values.cummax()
+    numbers = range(1, len(frame) + 1)
+    ax.step(numbers, running, where="post", label="best so far")
+    ax.scatter(numbers, values, s=12, alpha=0.6, label="experiment")
+    failed = frame["status"] != "ok"
+    if failed.any():
+        ax.scatter(
+            [n for n, f in zip(numbers, failed, strict=True) if f],
+            [running.min()] * int(failed.sum()),
+            marker="x",
+            color="red",
+            label="failed / oom",
+        )
+    ax.set_xlabel("experiment number")
+    ax.set_ylabel(LABELS.get(metric, metric))
+    ax.set_title(f"best {metric} so far")
+    ax.legend()
+    return ax
+
+
+def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
+    """The ok experiments no other beats on both throughput (higher) and memory (lower)."""
+    ok = _ok(frame).sort_values(["peak_memory_bytes", "throughput"], ascending=[True, False])
+    front: list[Any] = []
+    best = float("-inf")
+    for index, row in ok.iterrows():
+        if row["throughput"] > best:
+            front.append(index)
+            best = row["throughput"]
+    return ok.loc[front]
+
+
+def throughput_vs_memory(frame: pd.DataFrame, ax: Axes | None = None) -> Axes:
+    """Throughput against peak memory per rank, the Pareto front marked."""
+    ax = _axes(ax)
+    ok = _ok(frame)
+    gib = 2**30
+    for stage, group in ok.groupby("zero_stage"):
+        ax.scatter(group["peak_memory_bytes"] / gib, group["throughput"], label=f"ZeRO {stage}")
+    front = pareto_front(frame)
+    ax.plot(
+        front["peak_memory_bytes"] / gib,
+        front["throughput"],
+        color="black",
+        linestyle="--",
+        marker="*",
+        markersize=10,
+        label="Pareto front",
+    )
+    ax.set_xlabel(LABELS["peak_memory_bytes"])
+    ax.set_ylabel(LABELS["throughput"])
+    ax.set_title("throughput vs memory")
+    ax.legend()
+    return ax

@@ -1,0 +1,187 @@
+"""The results directory: one folder per experiment, an append-only log, resume.
+
+Layout::
+
+    results_dir/
+      fingerprint.json          what was tuned (workload, args, world size, base config, versions)
+      experiments.jsonl         one line per finished experiment, any status, append-only
+      exps/<name>/ds_config.json, metrics.json, rank logs
+      ds_config_optimal.json    the best config, ready to train with
+      summary.json, summary.txt
+      study.db                  the model-based tuner's Optuna study
+
+Every file is written atomically, and the log line is the commit point: an experiment whose
+line is in the log is finished and is never run again; one without is re-run on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.experiment import ExperimentResult, ExperimentSpec
+from autotune.results.files import append_line, atomic_write_json, atomic_write_text, read_jsonl
+from autotune.results.lock import DirectoryLock
+
+LOG_NAME = "experiments.jsonl"
+FINGERPRINT_NAME = "fingerprint.json"
+OPTIMAL_NAME = "ds_config_optimal.json"
+SUMMARY_NAME = "summary.json"
+SUMMARY_TEXT_NAME = "summary.txt"
+STUDY_NAME = "study.db"
+EXPS_DIR = "exps"
+
+
+class ResultsDirError(ValueError):
+    """The results directory cannot be used as asked (one line, names the directory)."""
+
+
+class ResultsDir:
+    """Reads and writes one results directory.
+
+    Example:
+        >>> with ResultsDir.open("runs/gpt", fingerprint) as results:
+        ...     done = results.finished_names()
+        ...     results.record(spec, result)
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = DirectoryLock(self.path)
+
+    # --- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, path: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False
+    ) -> ResultsDir:
+        """Open ``path`` for a run: create it, or resume it if it holds the same tuning job.
+
+        Args:
+            path: the directory.
+            fingerprint: what is being tuned; its ``"tuned"`` entry must match a previous
+                run's for the directory to be resumed (``"versions"`` may differ).
+            overwrite: start afresh, deleting a previous run's results.
+
+        Raises:
+            ResultsDirError: the directory is not writable, or holds a different job.
+            ResultsLockedError: another live run holds it.
+        """
+        results = cls(path)
+        try:
+            results.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ResultsDirError(f"cannot create results directory {path}: {err}") from None
+        if not _writable(results.path):
+            raise ResultsDirError(f"results directory {path} is not writable")
+        results._lock.acquire()
+        try:
+            results._prepare(dict(fingerprint), overwrite)
+        except BaseException:
+            results._lock.release()
+            raise
+        return results
+
+    def _prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
+        stored_path = self.path / FINGERPRINT_NAME
+        if overwrite:
+            self.clear()
+        elif stored_path.exists():
+            stored = json.loads(stored_path.read_text(encoding="utf-8"))
+            if stored.get("tuned") != fingerprint.get("tuned"):
+                differing = sorted(
+                    key
+                    for key in set(stored.get("tuned", {})) | set(fingerprint.get("tuned", {}))
+                    if stored.get("tuned", {}).get(key) != fingerprint.get("tuned", {}).get(key)
+                )
+                raise ResultsDirError(
+                    f"{self.path} holds results of a different tuning job (differs in: "
+                    f"{', '.join(differing)}); use another --results-dir or --overwrite"
+                )
+            return
+        elif (self.path / LOG_NAME).exists():
+            raise ResultsDirError(
+                f"{self.path} has an experiment log but no {FINGERPRINT_NAME}; "
+                "use another --results-dir or --overwrite"
+            )
+        atomic_write_json(stored_path, fingerprint)
+
+    def clear(self) -> None:
+        """Delete everything a previous run wrote (the lock stays)."""
+        for name in (LOG_NAME, FINGERPRINT_NAME, OPTIMAL_NAME, SUMMARY_NAME, SUMMARY_TEXT_NAME):
+            (self.path / name).unlink(missing_ok=True)
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            (self.path / f"{STUDY_NAME}{suffix}").unlink(missing_ok=True)
+        shutil.rmtree(self.path / EXPS_DIR, ignore_errors=True)
+
+    def close(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> ResultsDir:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- experiments -----------------------------------------------------------------------
+
+    def experiment_dir(self, name: str) -> Path:
+        return self.path / EXPS_DIR / name
+
+    def start(self, spec: ExperimentSpec) -> Path:
+        """Prepare an experiment's folder (its config) before it runs; returns the folder."""
+        folder = self.experiment_dir(spec.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / "ds_config.json", dict(spec.ds_config))
+        atomic_write_json(folder / "spec.json", spec.to_dict())
+        return folder
+
+    def record(
+        self, spec: ExperimentSpec, result: ExperimentResult, extra: Mapping[str, Any] | None = None
+    ) -> None:
+        """Store a finished experiment: its files first, then its log line (the commit point)."""
+        folder = self.start(spec)
+        atomic_write_json(folder / "metrics.json", result.to_dict())
+        if result.error_detail:
+            atomic_write_text(folder / "error.txt", result.error_detail + "\n")
+        line = {**result.to_dict(), "ds_config": dict(spec.ds_config), **dict(extra or {})}
+        append_line(self.path / LOG_NAME, json.dumps(line, separators=(",", ":")))
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every finished experiment's log record, in the order they finished."""
+        return read_jsonl(self.path / LOG_NAME)
+
+    def results(self) -> list[ExperimentResult]:
+        return [ExperimentResult.from_dict(r) for r in self.records()]
+
+    def finished_names(self) -> set[str]:
+        return {r["name"] for r in self.records()}
+
+    # --- outputs -----------------------------------------------------------------------------
+
+    def write_optimal(self, ds_config: Mapping[str, Any]) -> Path:
+        path = self.path / OPTIMAL_NAME
+        atomic_write_json(path, dict(ds_config))
+        return path
+
+    def write_summary(self, summary: Mapping[str, Any], text: str) -> None:
+        atomic_write_json(self.path / SUMMARY_NAME, dict(summary))
+        atomic_write_text(self.path / SUMMARY_TEXT_NAME, text.rstrip() + "\n")
+
+    @property
+    def study_url(self) -> str:
+        """Where the model-based tuner keeps its Optuna study (SQLite)."""
+        return f"sqlite:///{(self.path / STUDY_NAME).resolve()}"
+
+
+def _writable(directory: Path) -> bool:
+    probe = directory / ".autotune.write-test"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,63 @@
+"""Model info: parameters, activation bytes saved for backward, FLOPs per sample."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.profiling import ModelInfo, flops_per_micro_batch, model_info, saved_activation_bytes
+from autotune.workloads import Workload, resolve_workload
+
+SMALL = {"n_layer": 2, "d_model": 128, "n_head": 4, "seq_len": 64, "vocab": 1024}
+
+
+@pytest.mark.parametrize(("spec", "args"), [("gpt", SMALL), ("mlp", {})])
+def test_activation_bytes_grow_linearly_with_micro_batch(spec: str, args: dict[str, int]) -> None:
+    workload = resolve_workload(spec, args)
+    generator = torch.Generator().manual_seed(0)
+    one, two, four = (
+        saved_activation_bytes(workload.model, workload.make_batch(b, generator)) for b in (1, 2, 4)
+    )
+    assert 0 < one < two < four
+    assert four - two == pytest.approx(2 * (two - one), rel=0.01)
+    assert model_info(workload).activation_bytes_per_sample == two - one
+
+
+def test_gpt_activations_include_the_logits() -> None:
+    # Cross-entropy keeps its log-softmax: seq_len * vocab floats per sample, at least.
+    info = model_info(resolve_workload("gpt", SMALL))
+    assert info.activation_bytes_per_sample > SMALL["seq_len"] * SMALL["vocab"] * 4
+
+
+def test_parameters_are_not_counted_as_activations() -> None:
+    # Linear saves its input and its weight (as a view); only the input is an activation.
+    model = nn.Linear(1000, 1000, bias=False)
+    x = torch.randn(1, 1000, requires_grad=True)
+    assert saved_activation_bytes(model, (x,)) == 1000 * 4
+
+
+def test_model_info_of_gpt() -> None:
+    workload = resolve_workload("gpt", SMALL)
+    info = model_info(workload, micro_batch_size=2)
+    num_params = sum(p.numel() for p in workload.model.parameters())
+    assert isinstance(info, ModelInfo)
+    assert info.num_params == num_params
+    assert info.param_bytes == 4 * num_params
+    assert info.flops_per_sample == flops_per_micro_batch(workload, 1)
+
+
+def test_shared_parameters_count_once() -> None:
+    lin = nn.Linear(4, 4)
+    model = nn.Sequential(lin, lin)
+
+    class Loss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x).sum()
+
+    workload = Workload(Loss(), lambda b, g: (torch.randn(b, 4, generator=g),))
+    assert model_info(workload).num_params == 20

@@ -1,0 +1,110 @@
+"""The results directory: atomic files, the log, resume, fingerprint, lock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.experiment import Status
+from autotune.results import (
+    ResultsDir,
+    ResultsDirError,
+    ResultsLockedError,
+    atomic_write_json,
+    read_jsonl,
+)
+from tests.results.conftest import FINGERPRINT, make_result, make_spec
+
+
+def test_record_writes_the_experiment_folder_and_one_log_line(results: ResultsDir) -> None:
+    results.record(make_spec("a"), make_result("a"))
+    results.record(make_spec("b"), make_result("b", Status.oom))
+    folder = results.experiment_dir("a")
+    assert json.loads((folder / "ds_config.json").read_text())["zero_optimization"]["stage"] == 1
+    assert json.loads((folder / "metrics.json").read_text())["status"] == "ok"
+    assert [r["name"] for r in results.records()] == ["a", "b"]
+    assert results.finished_names() == {"a", "b"}
+    assert results.results()[1].status is Status.oom
+
+
+def test_a_torn_last_line_is_ignored(results: ResultsDir) -> None:
+    results.record(make_spec("a"), make_result("a"))
+    log = results.path / "experiments.jsonl"
+    with log.open("a") as handle:
+        handle.write('{"name": "b", "sta')  # the write of b was cut short
+    assert results.finished_names() == {"a"}
+
+
+def test_a_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"a": 1}\nnot json\n{"b": 2}\n')
+    with pytest.raises(ValueError, match=":2: not a JSON line"):
+        read_jsonl(log)
+
+
+def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
+    atomic_write_json(tmp_path / "x.json", {"a": 1})
+    atomic_write_json(tmp_path / "x.json", {"a": 2})
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": 2}
+
+
+def test_reopening_resumes_with_everything_kept(tmp_path: Path) -> None:
+    with ResultsDir.open(tmp_path, FINGERPRINT) as first:
+        first.record(make_spec("a"), make_result("a"))
+    changed_versions = {**FINGERPRINT, "versions": {"autotune": "1"}}
+    with ResultsDir.open(tmp_path, changed_versions) as second:
+        assert second.finished_names() == {"a"}
+
+
+def test_a_different_job_is_refused_not_reused(tmp_path: Path) -> None:
+    with ResultsDir.open(tmp_path, FINGERPRINT) as first:
+        first.record(make_spec("a"), make_result("a"))
+    other = {"tuned": {"workload": "mlp", "world_size": 2}}
+    with pytest.raises(ResultsDirError, match=r"different tuning job \(differs in: workload\)"):
+        ResultsDir.open(tmp_path, other)
+    assert (tmp_path / "experiments.jsonl").exists()  # nothing lost
+
+
+def test_overwrite_starts_afresh(tmp_path: Path) -> None:
+    with ResultsDir.open(tmp_path, FINGERPRINT) as first:
+        first.record(make_spec("a"), make_result("a"))
+    with ResultsDir.open(tmp_path, {"tuned": {"workload": "mlp"}}, overwrite=True) as second:
+        assert second.finished_names() == set()
+        assert not second.experiment_dir("a").exists()
+
+
+def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ResultsDirError, match="cannot create results directory"):
+        ResultsDir.open(blocker / "run", FINGERPRINT)
+
+
+def test_a_live_run_keeps_others_out_and_a_dead_ones_lock_is_taken_over(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from autotune.results import ResultsDir;"
+            f"ResultsDir.open({str(tmp_path)!r}, {FINGERPRINT!r}); print('held', flush=True);"
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(ResultsLockedError, match="in use by another autotune run"):
+            ResultsDir.open(tmp_path, FINGERPRINT)
+    finally:
+        holder.kill()  # like kill -9: the lock file stays behind
+        holder.wait()
+    time.sleep(0.1)
+    with ResultsDir.open(tmp_path, FINGERPRINT) as taken_over:
+        assert taken_over.finished_names() == set()
