@@ -1,0 +1,43 @@
+"""The built-in ZeRO engine (stages 0-3), shaped like DeepSpeed's.
+
+Example:
+    >>> import autotune as deepspeed
+    >>> engine, optimizer, _, scheduler = deepspeed.initialize(model=model, config=ds_config)
+    >>> loss = engine(inputs); engine.backward(loss); engine.step()
+"""
+
+from autotune.engine import memory
+from autotune.engine.comm import CollectiveLog, Communicator
+from autotune.engine.engine import ZeroEngine, initialize
+from autotune.engine.loss_scaler import DynamicLossScaler, LossScaler, build_loss_scaler
+from autotune.engine.memory import ModelStateBytes, model_state_bytes
+from autotune.engine.optimizers import Lamb, build_optimizer
+from autotune.engine.schedulers import (
+    LRRangeTest,
+    OneCycle,
+    WarmupCosineLR,
+    WarmupDecayLR,
+    WarmupLR,
+    build_scheduler,
+)
+
+__all__ = [
+    "CollectiveLog",
+    "Communicator",
+    "DynamicLossScaler",
+    "LRRangeTest",
+    "Lamb",
+    "LossScaler",
+    "ModelStateBytes",
+    "OneCycle",
+    "WarmupCosineLR",
+    "WarmupDecayLR",
+    "WarmupLR",
+    "ZeroEngine",
+    "build_loss_scaler",
+    "build_optimizer",
+    "build_scheduler",
+    "initialize",
+    "memory",
+    "model_state_bytes",
+]

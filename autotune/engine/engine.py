@@ -1,0 +1,504 @@
+"""The training engine: a DeepSpeed-shaped wrapper that runs ZeRO stages 0-3.
+
+``engine(*inputs)`` runs the model, ``engine.backward(loss)`` computes and reduces gradients,
+``engine.step()`` updates parameters at each gradient-accumulation boundary. How parameters,
+gradients and optimizer state are laid out and communicated depends on the stage:
+
+=====  ============================  ==========================  ==========================
+stage  parameters                    gradients                   optimizer (fp32 master)
+=====  ============================  ==========================  ==========================
+0      full, one flat buffer         full, all-reduced           full
+1      full, all-gathered after step full, reduced at boundary   this rank's shard
+2      full, all-gathered after step this rank's shard           this rank's shard
+3      this rank's shard, gathered   this rank's shard           this rank's shard
+       per module (stage3.py)
+=====  ============================  ==========================  ==========================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autotune.config import Config, ConfigError, load_config
+from autotune.engine.comm import Communicator, resolve_group
+from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
+from autotune.engine.loss_scaler import build_loss_scaler
+from autotune.engine.master import MasterParams
+from autotune.engine.memory import ActivationTracker, MemoryTracker, tensor_bytes
+from autotune.engine.partition import FlatLayout, group_by_numel, param_views, segment_rows
+from autotune.engine.schedulers import build_scheduler
+from autotune.engine.settings import ZeroSettings, check_supported, resolve_zero
+from autotune.engine.stage3 import Stage3Limits, Stage3Params, _UnitRef, plan_units
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ZeroEngine(nn.Module):
+    """A model being trained with ZeRO over a process group. Build it with :func:`initialize`."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        config: Config,
+        group: dist.ProcessGroup | None,
+        model_parameters: Iterable[Any] | None = None,
+        device_memory_bytes: int | None = None,
+    ) -> None:
+        super().__init__()
+        check_supported(config)
+        self.config = config
+        self.comm = Communicator(group)
+        backend = dist.get_backend(group) if group is not None else None
+        if backend == dist.Backend.NCCL:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = next(module.parameters()).device
+        self.dtype = _DTYPES[config.precision]
+        module.to(device=self.device)
+        if self.dtype != torch.float32:
+            module.to(dtype=self.dtype)
+        self.module = module
+        self._broadcast_module()
+
+        trainable = _trainable(module, model_parameters)
+        self.zero: ZeroSettings = resolve_zero(
+            config.zero_optimization, sum(p.numel() for p in trainable)
+        )
+        budget = (
+            device_memory_bytes if device_memory_bytes is not None else (config.device_memory_bytes)
+        )
+        self.memory = MemoryTracker(self.device, budget)
+        self._activations = ActivationTracker(self.memory) if self.device.type == "cpu" else None
+        self._account_untrained(trainable)
+
+        self.stage3: Stage3Params | None = None
+        self._flat_params: torch.Tensor | None = None
+        if self.zero.stage < 3:
+            self.params, owned = self._build_flat(trainable)
+        else:
+            self.params, owned = self._build_stage3(trainable)
+        self.master = MasterParams(
+            owned,
+            self.grads.owned_grads,
+            config.optimizer,
+            self.memory,
+            offload=self.zero.offload_optimizer,
+            sub_group_numel=self.zero.sub_group_numel,
+        )
+        self.optimizer = self.master.optimizer
+        self.lr_scheduler = build_scheduler(config.scheduler, self.optimizer)
+        self.loss_scaler = build_loss_scaler(config.fp16)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._grad_hook(i))
+            for i, p in enumerate(self.params)
+        ]
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.skipped_steps = 0
+
+    # --- building the stage ---------------------------------------------------------------
+
+    def _build_flat(
+        self, trainable: list[nn.Parameter]
+    ) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+        """Stages 0-2: all parameters in one flat buffer, one segment per reduce bucket."""
+        zero, n = self.zero, self.comm.world_size
+        # Backward produces gradients roughly in reverse order of registration; laying the
+        # buffer out that way lets the first buckets fill (and be sent) first.
+        params = list(reversed(trainable))
+        numels = [p.numel() for p in params]
+        self.layout = FlatLayout.build(
+            numels, group_by_numel(numels, zero.reduce_bucket_numel), n if zero.stage > 0 else 1
+        )
+        flat = torch.zeros(self.layout.numel, dtype=self.dtype, device=self.device)
+        self.memory.add("params", tensor_bytes(flat))
+        for param, view in zip(
+            params, param_views(flat, self.layout, [p.shape for p in params]), strict=True
+        ):
+            view.copy_(param.detach())
+            param.data = view
+        self._flat_params = flat
+        if self._activations is not None:
+            self._activations.excluded.add(flat.untyped_storage().data_ptr())
+        rows = [segment_rows(flat, s, self.layout.world_size) for s in self.layout.segments]
+        if zero.stage == 2:
+            segments = range(len(self.layout.segments))
+            self.grads: ReplicatedGrads | PartitionedGrads = PartitionedGrads(
+                self.layout,
+                self.comm,
+                self.memory,
+                self.dtype,
+                self.device,
+                buckets=[range(s, s + 1) for s in segments],
+                order=segments,
+                scatter=zero.reduce_scatter,
+                contiguous=zero.contiguous_gradients,
+                overlap=zero.overlap_comm,
+            )
+        else:
+            self.grads = ReplicatedGrads(
+                params,
+                self.layout,
+                self.comm,
+                self.memory,
+                overlap=zero.overlap_comm,
+                scatter=zero.stage == 1 and zero.reduce_scatter,
+                owned_rows=zero.stage == 1,
+            )
+        if zero.stage == 0:
+            return params, [r.view(-1) for r in rows]
+        return params, [r[self.comm.rank] for r in rows]
+
+    def _build_stage3(
+        self, trainable: list[nn.Parameter]
+    ) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+        """Stage 3: one segment per module's parameters, each rank keeping its chunks."""
+        zero = self.zero
+        units, persistent = plan_units(self.module, set(trainable), zero.persistence_threshold)
+        params = [p for unit in units for p in unit]
+        self.layout = FlatLayout.build(
+            [p.numel() for p in params], [len(u) for u in units], self.comm.world_size
+        )
+        limits = Stage3Limits(zero.prefetch_numel, zero.max_live_numel, zero.max_reuse_distance)
+        self.stage3 = Stage3Params(
+            self.module, units, persistent, self.layout, self.comm, self.memory, limits
+        )
+        sizes = group_by_numel([s.numel for s in self.layout.segments], zero.reduce_bucket_numel)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        buckets = [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+        self.grads = PartitionedGrads(
+            self.layout,
+            self.comm,
+            self.memory,
+            self.dtype,
+            self.device,
+            buckets=buckets,
+            order=list(reversed(range(len(buckets)))),
+            scatter=zero.reduce_scatter,
+            contiguous=zero.contiguous_gradients,
+            overlap=zero.overlap_comm,
+        )
+        shard = self.stage3.shard
+        owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in self.layout.segments]
+        return params, owned
+
+    def _broadcast_module(self) -> None:
+        """Every rank starts from rank 0's weights and buffers, as DeepSpeed does."""
+        if self.comm.group is None:
+            return
+        tensors = [t for t in [*self.module.parameters(), *self.module.buffers()] if t.numel() > 0]
+        for dtype in {t.dtype for t in tensors}:
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().reshape(-1) for t in same])
+            dist.broadcast(flat, dist.get_global_rank(self.comm.group, 0), group=self.comm.group)
+            with torch.no_grad():
+                for tensor, piece in zip(same, flat.split([t.numel() for t in same]), strict=True):
+                    tensor.copy_(piece.view_as(tensor))
+
+    def _account_untrained(self, trainable: list[nn.Parameter]) -> None:
+        ids = {id(p) for p in trainable}
+        frozen = [p for p in self.module.parameters() if id(p) not in ids]
+        self.memory.add("params", sum(tensor_bytes(t) for t in [*frozen, *self.module.buffers()]))
+
+    def _grad_hook(self, index: int) -> Callable[[nn.Parameter], None]:
+        def hook(param: nn.Parameter) -> None:
+            self.grads.on_grad(index, param)
+            if self.stage3 is not None:
+                self.stage3.grad_done(param)
+
+        return hook
+
+    # --- the training loop ----------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stage3 is not None:
+            self.stage3.begin_micro_step()
+        hooks = (
+            torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            if self.stage3 is not None or self._activations is not None
+            else nullcontext()
+        )
+        with hooks:
+            output = self.module(*args, **kwargs)
+        self._check_memory("in forward")
+        return output
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        if self.stage3 is not None:
+            ref = self.stage3.pack(tensor)
+            if ref is not None:
+                return ref
+            if self.stage3.is_gathered_storage(tensor):
+                return tensor  # a persistent parameter, already accounted
+        if self._activations is not None:
+            return self._activations.pack(tensor)
+        return tensor
+
+    def _unpack(self, saved: object) -> torch.Tensor:
+        if isinstance(saved, _UnitRef):
+            assert self.stage3 is not None
+            return self.stage3.unpack(saved)
+        return ActivationTracker.unpack(saved)
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Gradients of ``loss``, averaged over ranks and accumulation steps, then reduced."""
+        self.grads.begin_backward(self.is_gradient_accumulation_boundary())
+        # Averaging over ranks and micro-batches is folded into the scale: the reduction sums.
+        scale = self.loss_scaler.scale / (self.gradient_accumulation_steps() * self.comm.world_size)
+        (loss.float() * scale).backward()
+        self.grads.finish_backward()
+        if self.stage3 is not None:
+            self.stage3.finish_backward()
+        self._check_memory("in backward")
+        return loss
+
+    def step(self) -> None:
+        """Count a micro-batch; at an accumulation boundary, update the parameters."""
+        if self.is_gradient_accumulation_boundary():
+            self._optimizer_step()
+            self.global_steps += 1
+        self.micro_steps += 1
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def _optimizer_step(self) -> None:
+        scale = self.loss_scaler.scale
+        fp16 = self.dtype == torch.float16
+        clipping = float(self.config.gradient_clipping)
+        grad_scale = 1.0 / scale
+        if clipping > 0 or fp16:
+            norm = self._global_grad_norm() / scale
+            if fp16 and not math.isfinite(norm):
+                self.skipped_steps += 1
+                self.loss_scaler.update(overflow=True)
+                self.grads.zero()
+                return
+            clip = clipping / (norm + 1e-6)
+            if clipping > 0 and clip < 1.0:
+                grad_scale *= clip
+        self.loss_scaler.update(overflow=False)
+        self.master.step(grad_scale)
+        self.grads.zero()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self._publish_params()
+        self._check_memory("in the optimizer step")
+
+    def _global_grad_norm(self) -> float:
+        square_sum = self.master.grad_square_sum()
+        if self.zero.stage > 0:
+            square_sum = self.comm.sum_scalar(square_sum)
+        return float(square_sum.sqrt())
+
+    def _publish_params(self) -> None:
+        """Make every rank's updated shard visible to all (stages 1-3)."""
+        if self.stage3 is not None:
+            self.stage3.invalidate()
+        elif self.zero.stage > 0:
+            self._all_gather_params()
+
+    def _all_gather_params(self) -> None:
+        """Gather the updated shards in rounds of ``allgather_bucket_size`` elements."""
+        assert self._flat_params is not None
+        flat, layout, comm = self._flat_params, self.layout, self.comm
+        n, rank = comm.world_size, comm.rank
+        handles = []
+        for round_ in layout.gather_chunks(self.zero.allgather_bucket_numel):
+            pieces = [(segment_rows(flat, layout.segments[s], n), a, b) for s, a, b in round_]
+            rows, start, stop = pieces[0]
+            if len(pieces) == 1 and start == 0 and stop == rows.shape[1]:
+                handles.append(self._gather_rows(rows))  # in place, no staging copy
+                continue
+            width = sum(b - a for _, a, b in pieces)
+            staging = torch.empty(n, width, dtype=flat.dtype, device=flat.device)
+            self.memory.add("buffers", tensor_bytes(staging))
+            column = 0
+            for rows, a, b in pieces:
+                staging[rank, column : column + b - a].copy_(rows[rank, a:b])
+                column += b - a
+            self._gather_rows(staging).wait()
+            column = 0
+            for rows, a, b in pieces:
+                rows[:, a:b].copy_(staging[:, column : column + b - a])
+                column += b - a
+            self.memory.add("buffers", -tensor_bytes(staging))
+        for handle in handles:
+            handle.wait()
+
+    def _gather_rows(self, rows: torch.Tensor) -> Any:
+        """Fill every row of ``rows`` from its rank: one all-gather, or a broadcast per rank
+        when ``allgather_partitions`` is false (DeepSpeed's alternative)."""
+        if self.zero.allgather_partitions:
+            return self.comm.all_gather(rows.view(-1), rows[self.comm.rank])
+        return self.comm.broadcast_rows(rows)
+
+    def _check_memory(self, where: str) -> None:
+        """At a point every rank reaches in step: raise OOM on all ranks if any is over budget.
+
+        Deciding together (one tiny all-reduce) keeps a rank that fits from waiting forever in
+        the next collective for a rank that stopped.
+        """
+        if self.memory.budget_bytes is None:
+            return
+        if self.comm.any_rank(self.memory.exceeded()):
+            raise self.memory.out_of_memory(where)
+
+    # --- DeepSpeed's accessors ------------------------------------------------------------
+
+    def train_batch_size(self) -> int:
+        return int(self.config.train_batch_size)  # type: ignore[arg-type]
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return int(self.config.train_micro_batch_size_per_gpu)  # type: ignore[arg-type]
+
+    def gradient_accumulation_steps(self) -> int:
+        return int(self.config.gradient_accumulation_steps)  # type: ignore[arg-type]
+
+    def zero_optimization_stage(self) -> int:
+        return self.zero.stage
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def peak_memory_bytes(self) -> int:
+        """Peak device bytes of this rank: the CUDA allocator's, or the accounted peak on CPU."""
+        return self.memory.peak_bytes()
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Device bytes held now, by kind (params, grads, optimizer_state, ...)."""
+        return dict(self.memory.current)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.scale
+
+    # --- consolidated weights -------------------------------------------------------------
+
+    @contextmanager
+    def _full_params(self) -> Iterator[None]:
+        if self.stage3 is None:
+            yield
+        else:
+            with self.stage3.gathered():
+                yield
+
+    def module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full, unsharded state dict (on CPU), on every rank."""
+        with self._full_params():
+            return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def save_model_state_dict(self, path: str | Path) -> None:
+        """Write the full state dict to ``path`` from rank 0 (every rank must call this)."""
+        state = self.module_state_dict()
+        if self.comm.rank == 0:
+            torch.save(state, path)
+        if self.comm.group is not None:
+            dist.barrier(group=self.comm.group)
+
+    @torch.no_grad()
+    def load_model_state_dict(self, source: str | Path | dict[str, torch.Tensor]) -> None:
+        """Load full weights (a path or a state dict) on every rank, into shards and master."""
+        state = torch.load(source, map_location="cpu") if not isinstance(source, dict) else source
+        with self._full_params():
+            self.module.load_state_dict(state)
+            if self.stage3 is not None:
+                self.stage3.store_gathered()
+        self.master.reload()
+        if self.stage3 is not None:
+            self.stage3.invalidate()
+
+
+def _trainable(module: nn.Module, model_parameters: Iterable[Any] | None) -> list[nn.Parameter]:
+    """The parameters to train, once each, in the module's registration order."""
+    if model_parameters is None:
+        chosen = {id(p) for p in module.parameters() if p.requires_grad}
+    else:
+        chosen = set()
+        for item in model_parameters:
+            params = item["params"] if isinstance(item, dict) else [item]
+            chosen.update(id(p) for p in ([params] if isinstance(params, torch.Tensor) else params))
+    trainable = [p for p in module.parameters() if id(p) in chosen]
+    if not trainable:
+        raise ValueError("the model has no trainable parameters")
+    return trainable
+
+
+def initialize(
+    model: nn.Module | None = None,
+    model_parameters: Iterable[Any] | None = None,
+    config: str | Path | dict[str, Any] | Config | None = None,
+    training_data: torch.utils.data.Dataset[Any] | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    device_memory_bytes: int | None = None,
+    *,
+    args: Any = None,
+    optimizer: Any = None,
+    lr_scheduler: Any = None,
+    config_params: str | Path | dict[str, Any] | Config | None = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Any = None,
+) -> tuple[ZeroEngine, torch.optim.Optimizer, torch.utils.data.DataLoader[Any] | None, Any]:
+    """Wrap ``model`` for ZeRO training, as ``deepspeed.initialize`` does.
+
+    Args:
+        model: the model to train.
+        model_parameters: the parameters to train (or param groups); all by default.
+        config: a DeepSpeed config (path, dict or :class:`~autotune.config.Config`).
+        training_data: a dataset; a distributed loader of micro-batches is returned for it.
+        process_group: the ranks to train over; by default the initialised default group,
+            else one made from torchrun's environment, else a single process on its own.
+        device_memory_bytes: a per-rank memory budget (overrides ``device_memory_bytes`` in
+            the config); going over it raises ``torch.OutOfMemoryError`` on every rank.
+
+    Returns:
+        ``(engine, optimizer, dataloader, lr_scheduler)``.
+
+    Example:
+        >>> engine, optimizer, _, _ = initialize(model=net, config={
+        ...     "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}})
+        >>> loss = engine(batch); engine.backward(loss); engine.step()
+    """
+    del args, dist_init_required  # accepted for DeepSpeed compatibility
+    if model is None:
+        raise ValueError("initialize() needs a model")
+    if optimizer is not None or lr_scheduler is not None:
+        raise ValueError(
+            "the built-in engine builds its optimizer and scheduler from the "
+            "config; pass them there (optimizer, scheduler)"
+        )
+    source = config if config is not None else config_params
+    if source is None:
+        raise ConfigError("", "initialize() needs a config")
+    group = resolve_group(process_group)
+    world_size = dist.get_world_size(group) if group is not None else 1
+    if isinstance(source, Config):
+        loaded = source if source.world_size == world_size else load_config(source, world_size)
+    else:
+        loaded = load_config(source, world_size=world_size)
+    engine = ZeroEngine(model, loaded, group, model_parameters, device_memory_bytes)
+    loader = None
+    if training_data is not None:
+        sampler: torch.utils.data.Sampler[Any] | None = (
+            torch.utils.data.DistributedSampler(
+                training_data, num_replicas=world_size, rank=engine.comm.rank
+            )
+            if world_size > 1
+            else None
+        )
+        loader = torch.utils.data.DataLoader(
+            training_data,
+            batch_size=engine.train_micro_batch_size_per_gpu(),
+            sampler=sampler,
+            collate_fn=collate_fn,
+            drop_last=loaded.dataloader_drop_last,
+        )
+    return engine, engine.optimizer, loader, engine.lr_scheduler

@@ -1,0 +1,299 @@
+"""Gradient reduction across ranks, in buckets, started from backward hooks.
+
+Two strategies, both fed from each parameter's post-accumulate-grad hook:
+
+* :class:`ReplicatedGrads` (stages 0 and 1): every rank keeps full gradients in one flat buffer;
+  each ``param.grad`` is a view into it, so autograd accumulates micro-batches in place. At the
+  accumulation boundary each bucket is all-reduced (stage 0) or reduce-scattered in place
+  (stage 1, each rank only needs its own shard) as soon as its last gradient arrives.
+* :class:`PartitionedGrads` (stages 2 and 3): every rank keeps only its shard of the gradients.
+  Each micro-batch's gradients are copied into a bucket's staging buffer and freed at once; a
+  full bucket is reduce-scattered into the shard.
+
+Buckets are launched strictly in a fixed order, whatever order gradients arrive in, because
+collectives must be issued in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from autotune.engine.comm import Communicator, Handle
+from autotune.engine.memory import MemoryTracker, tensor_bytes
+from autotune.engine.partition import FlatLayout, param_views, segment_rows, shard_piece
+
+
+@dataclass
+class _InFlight:
+    handle: Handle
+    after: Callable[[], None] | None  # runs once the collective is done (accumulate, free)
+
+
+class _OrderedLauncher:
+    """Launches buckets in ``order`` as they become ready; waits for them on ``drain``."""
+
+    def __init__(self, order: Sequence[int], launch: Callable[[int], _InFlight]) -> None:
+        self._order = list(order)
+        self._launch = launch
+        self._ready: set[int] = set()
+        self._next = 0
+        self.in_flight: deque[_InFlight] = deque()
+
+    def ready(self, bucket: int) -> None:
+        self._ready.add(bucket)
+        while self._next < len(self._order) and self._order[self._next] in self._ready:
+            self.in_flight.append(self._launch(self._order[self._next]))
+            self._next += 1
+
+    def launch_all(self) -> None:
+        for bucket in self._order[self._next :]:
+            self.ready(bucket)
+
+    def wait_oldest(self) -> None:
+        item = self.in_flight.popleft()
+        item.handle.wait()
+        if item.after is not None:
+            item.after()
+
+    def drain(self) -> None:
+        while self.in_flight:
+            self.wait_oldest()
+        self._ready.clear()
+        self._next = 0
+
+
+class ReplicatedGrads:
+    """Full gradients on every rank (stages 0 and 1), reduced once per accumulation window.
+
+    Args:
+        params: trainable parameters in layout order.
+        layout: the flat layout; one segment per reduce bucket.
+        scatter: reduce-scatter each bucket in place instead of all-reducing it (stage 1 with
+            ``reduce_scatter``): a rank then only has its own shard's sum.
+        overlap: launch a bucket from the hook of its last gradient (``overlap_comm``);
+            otherwise all buckets are launched after backward.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        layout: FlatLayout,
+        comm: Communicator,
+        tracker: MemoryTracker,
+        *,
+        scatter: bool,
+        overlap: bool,
+        owned_rows: bool,
+    ) -> None:
+        self.layout, self.comm = layout, comm
+        self.scatter, self.overlap = scatter, overlap
+        first = params[0]
+        self.flat = torch.zeros(layout.numel, dtype=first.dtype, device=first.device)
+        tracker.add("grads", tensor_bytes(self.flat))
+        self.views = param_views(self.flat, layout, [p.shape for p in params])
+        for param, view in zip(params, self.views, strict=True):
+            param.grad = view
+        self._rows = [segment_rows(self.flat, s, layout.world_size) for s in layout.segments]
+        # What the optimizer on this rank reads: whole segments (stage 0) or its rows (stage 1).
+        self.owned_grads = [r[comm.rank] if owned_rows else r.view(-1) for r in self._rows]
+        self._sizes = [len(s.params) for s in layout.segments]
+        self._pending = list(self._sizes)
+        self._boundary = False
+        self._launcher = _OrderedLauncher(range(len(layout.segments)), self._launch)
+
+    def begin_backward(self, boundary: bool) -> None:
+        self._boundary = boundary
+        self._pending = list(self._sizes)
+
+    def on_grad(self, index: int, param: torch.nn.Parameter) -> None:
+        view = self.views[index]
+        grad = param.grad
+        if grad is not None and grad.data_ptr() != view.data_ptr():
+            # Someone replaced .grad (e.g. zero_grad(set_to_none=True)): fold it back in.
+            view.add_(grad)
+            param.grad = view
+        segment = self.layout.param_segment[index]
+        self._pending[segment] -= 1
+        if self._pending[segment] == 0 and self._boundary and self.overlap:
+            self._launcher.ready(segment)
+
+    def finish_backward(self) -> None:
+        """Reduce what is left and wait (at the boundary); keep accumulating otherwise."""
+        if self._boundary:
+            self._launcher.launch_all()
+            self._launcher.drain()
+
+    def _launch(self, segment: int) -> _InFlight:
+        rows = self._rows[segment]
+        if self.scatter:
+            return _InFlight(self.comm.reduce_scatter(rows[self.comm.rank], rows.view(-1)), None)
+        return _InFlight(self.comm.all_reduce(rows), None)
+
+    def zero(self) -> None:
+        self.flat.zero_()
+
+
+class PartitionedGrads:
+    """Only this rank's shard of the gradients (stages 2 and 3), reduced every micro-batch.
+
+    Args:
+        layout: the flat layout of the parameters.
+        buckets: runs of consecutive segments reduced together (``reduce_bucket_size``).
+        order: the order buckets are launched in (the order backward completes them).
+        scatter: reduce-scatter (``reduce_scatter``); otherwise all-reduce and keep one's part.
+        contiguous: copy each gradient into a reusable bucket buffer the moment it is produced
+            and free it (``contiguous_gradients``); otherwise keep autograd's gradients until
+            their bucket is full, then pack them into a fresh buffer.
+        overlap: launch a bucket from the hook of its last gradient (``overlap_comm``).
+    """
+
+    def __init__(
+        self,
+        layout: FlatLayout,
+        comm: Communicator,
+        tracker: MemoryTracker,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        buckets: Sequence[range],
+        order: Sequence[int],
+        scatter: bool,
+        contiguous: bool,
+        overlap: bool,
+    ) -> None:
+        self.layout, self.comm, self.tracker = layout, comm, tracker
+        self.scatter, self.contiguous, self.overlap = scatter, contiguous, overlap
+        self.dtype, self.device = dtype, device
+        self.shard = torch.zeros(layout.shard_numel, dtype=dtype, device=device)
+        tracker.add("grads", tensor_bytes(self.shard))
+        self.owned_grads = [shard_piece(self.shard, s) for s in layout.segments]
+        self._buckets = list(buckets)
+        self._bucket_of_segment = {s: b for b, run in enumerate(buckets) for s in run}
+        self._bucket_chunk = [sum(layout.segments[s].chunk for s in run) for run in buckets]
+        self._bucket_start = [layout.segments[run[0]].shard_offset for run in buckets]
+        self._sizes = [sum(len(layout.segments[s].params) for s in run) for run in buckets]
+        self._pending = list(self._sizes)
+        self._staging: dict[int, torch.Tensor] = {}
+        self._held: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        self._free: list[torch.Tensor] = []
+        self._allocated = 0
+        self._fresh = True  # the shard holds nothing of this accumulation window yet
+        self._launcher = _OrderedLauncher(order, self._launch)
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self._buckets)
+
+    def begin_backward(self, boundary: bool) -> None:
+        self._pending = list(self._sizes)
+
+    def on_grad(self, index: int, param: torch.nn.Parameter) -> None:
+        grad = param.grad
+        assert grad is not None
+        param.grad = None
+        bucket = self._bucket_of_segment[self.layout.param_segment[index]]
+        if self.contiguous:
+            self._place(self._acquire(bucket), index, grad)
+        else:
+            self._held.setdefault(bucket, []).append((index, grad))
+            self.tracker.add("grads", tensor_bytes(grad))
+        self._pending[bucket] -= 1
+        if self._pending[bucket] == 0 and self.overlap:
+            self._launcher.ready(bucket)
+
+    def finish_backward(self) -> None:
+        self._launcher.launch_all()
+        self._launcher.drain()
+        self._fresh = False
+
+    def zero(self) -> None:
+        self._fresh = True
+
+    def _acquire(self, bucket: int) -> torch.Tensor:
+        """The bucket's staging buffer, zeroed; reuses a finished bucket's when it can."""
+        staging = self._staging.get(bucket)
+        if staging is not None:
+            return staging
+        if not self._free and self._allocated >= 2 and self._launcher.in_flight:
+            # Two buffers, as DeepSpeed's: fill one while the other is being reduced.
+            self._launcher.wait_oldest()
+        if self._free:
+            staging = self._free.pop()
+        else:
+            staging = torch.empty(
+                max(self._bucket_chunk) * self.comm.world_size, dtype=self.dtype, device=self.device
+            )
+            self.tracker.add("buffers", tensor_bytes(staging))
+            self._allocated += 1
+        rows = staging[: self._bucket_chunk[bucket] * self.comm.world_size]
+        rows = rows.view(self.comm.world_size, -1).zero_()
+        self._staging[bucket] = rows
+        return rows
+
+    def _place(self, rows: torch.Tensor, index: int, grad: torch.Tensor) -> None:
+        """Copy a parameter's gradient to its place in the bucket's ``[world, chunk]`` rows."""
+        layout = self.layout
+        segment_index = layout.param_segment[index]
+        segment = layout.segments[segment_index]
+        column_base = (
+            segment.shard_offset - self._bucket_start[self._bucket_of_segment[segment_index]]
+        )
+        flat = grad.reshape(-1)
+        start, numel, done = layout.offset_in_segment(index), flat.numel(), 0
+        while done < numel:
+            row, column = divmod(start + done, segment.chunk)
+            take = min(numel - done, segment.chunk - column)
+            rows[row, column_base + column : column_base + column + take].copy_(
+                flat[done : done + take]
+            )
+            done += take
+
+    def _launch(self, bucket: int) -> _InFlight:
+        if self.contiguous:
+            rows = self._acquire(bucket)
+        else:
+            rows = torch.zeros(
+                self.comm.world_size,
+                self._bucket_chunk[bucket],
+                dtype=self.dtype,
+                device=self.device,
+            )
+            self.tracker.add("buffers", tensor_bytes(rows))
+            for index, grad in self._held.pop(bucket, []):
+                self._place(rows, index, grad)
+                self.tracker.add("grads", -tensor_bytes(grad))
+        start = self._bucket_start[bucket]
+        out = self.shard[start : start + self._bucket_chunk[bucket]]
+        fresh = self._fresh
+        if self.scatter:
+            target = out if fresh else torch.empty_like(out)
+            handle = self.comm.reduce_scatter(target, rows.view(-1))
+        else:
+            target = rows[self.comm.rank]
+            handle = self.comm.all_reduce(rows)
+
+        def after() -> None:
+            if target is not out:
+                if fresh:
+                    out.copy_(target)
+                else:
+                    out.add_(target)
+            self._release(bucket, rows)
+
+        return _InFlight(handle, after)
+
+    def _release(self, bucket: int, rows: torch.Tensor) -> None:
+        if self.contiguous:
+            del self._staging[bucket]
+            self._free.append(_base_of(rows))
+        else:
+            self.tracker.add("buffers", -tensor_bytes(rows))
+
+
+def _base_of(view: torch.Tensor) -> torch.Tensor:
+    base = view._base
+    return base if base is not None else view

@@ -1,0 +1,170 @@
+"""Device memory: the ZeRO model-state formulas, and accounting that works without a GPU.
+
+On CUDA the allocator knows the truth and :class:`MemoryTracker` reads it. On CPU the tracker
+adds up what the engine holds (parameters, gradients, optimizer state, flat buffers, gathered
+parameters) and the activations autograd saves for backward, so a memory budget behaves as a
+GPU's would: exceed it and training raises ``torch.OutOfMemoryError``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Precision = Literal["fp32", "fp16", "bf16"]
+
+# What the tracker counts, by kind. "host" bytes (offloaded optimizer) are reported apart and
+# never count against the device budget.
+KINDS = ("params", "grads", "master", "optimizer_state", "buffers", "gathered", "activations")
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes per rank of each part of the model state, as the ZeRO paper counts them."""
+
+    params: int
+    grads: int
+    master: int
+    optimizer_state: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.master + self.optimizer_state
+
+
+def model_state_bytes(
+    num_params: int,
+    stage: int,
+    world_size: int,
+    precision: Precision = "fp32",
+    optimizer_state_floats: int = 2,
+    offload_optimizer: bool = False,
+) -> ModelStateBytes:
+    """Device bytes per rank for parameters, gradients and optimizer state under ZeRO.
+
+    With Ψ parameters and N ranks, fp32 and Adam (two fp32 states, no separate master copy):
+    stage 0 16Ψ, stage 1 8Ψ + 8Ψ/N, stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N. Mixed precision keeps
+    2-byte parameters and gradients plus a 4-byte fp32 master, partitioned like the optimizer
+    state (the paper's 2Ψ + 2Ψ + 12Ψ). Offloading the optimizer moves master and state to the
+    host. Padding to a multiple of N is not included.
+
+    Example:
+        >>> model_state_bytes(1000, stage=2, world_size=4).total
+        7000
+    """
+    weight = 4 if precision == "fp32" else 2
+    master = 0 if precision == "fp32" and not offload_optimizer else 4
+    state = 4 * optimizer_state_floats
+    psi, n = num_params, world_size
+    params = psi * weight // (n if stage >= 3 else 1)
+    grads = psi * weight // (n if stage >= 2 else 1)
+    sharded = n if stage >= 1 else 1
+    if offload_optimizer:
+        return ModelStateBytes(params, grads, 0, 0)
+    return ModelStateBytes(params, grads, psi * master // sharded, psi * state // sharded)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class MemoryTracker:
+    """Current and peak device bytes of one rank, by kind.
+
+    Args:
+        device: where training runs; on CUDA peaks come from the allocator.
+        budget_bytes: the per-rank device memory; ``exceeded()`` compares the peak with it.
+    """
+
+    def __init__(self, device: torch.device, budget_bytes: int | None = None) -> None:
+        self.device = device
+        self.budget_bytes = budget_bytes
+        self.current: Counter[str] = Counter()
+        self.host: Counter[str] = Counter()
+        self.peak_accounted = 0
+        self._total = 0
+
+    def add(self, kind: str, nbytes: int) -> None:
+        """Account ``nbytes`` more (or fewer, when negative) device bytes of ``kind``."""
+        self.current[kind] += nbytes
+        self._total += nbytes
+        self.peak_accounted = max(self.peak_accounted, self._total)
+
+    def add_host(self, kind: str, nbytes: int) -> None:
+        """Bytes kept in host memory (offload): reported, never charged to the device."""
+        self.host[kind] += nbytes
+
+    @property
+    def accounted_bytes(self) -> int:
+        return self._total
+
+    def peak_bytes(self) -> int:
+        """Peak device bytes: the allocator's on CUDA, the accounted peak elsewhere."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return self.peak_accounted
+
+    def reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.peak_accounted = self._total
+
+    def exceeded(self) -> bool:
+        return self.budget_bytes is not None and self.peak_bytes() > self.budget_bytes
+
+    def out_of_memory(self, where: str) -> torch.OutOfMemoryError:
+        """The error a GPU would raise, with the numbers that caused it."""
+        return torch.OutOfMemoryError(
+            f"device memory budget exceeded {where}: peak {self.peak_bytes()} bytes > "
+            f"{self.budget_bytes} bytes per rank (held now: {dict(self.current)})"
+        )
+
+
+class ActivationTracker:
+    """Counts the bytes autograd saves for backward, once per storage, while they are alive.
+
+    Used as ``torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack)``.
+    Storages the engine already accounts (flat parameter buffers) are skipped.
+    """
+
+    def __init__(self, tracker: MemoryTracker) -> None:
+        self._tracker = tracker
+        self._refs: Counter[int] = Counter()
+        self.excluded: set[int] = set()
+
+    def pack(self, tensor: torch.Tensor) -> object:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self.excluded or tensor.device.type == "cuda":
+            return tensor
+        if self._refs[key] == 0:
+            self._tracker.add("activations", storage.nbytes())
+        self._refs[key] += 1
+        return _Saved(tensor, key, storage.nbytes(), self)
+
+    @staticmethod
+    def unpack(saved: object) -> torch.Tensor:
+        return saved.tensor if isinstance(saved, _Saved) else saved  # type: ignore[return-value]
+
+    def _release(self, key: int, nbytes: int) -> None:
+        self._refs[key] -= 1
+        if self._refs[key] == 0:
+            del self._refs[key]
+            self._tracker.add("activations", -nbytes)
+
+
+class _Saved:
+    """A saved activation; when autograd drops it, its bytes leave the account."""
+
+    __slots__ = ("_owner", "key", "nbytes", "tensor")
+
+    def __init__(
+        self, tensor: torch.Tensor, key: int, nbytes: int, owner: ActivationTracker
+    ) -> None:
+        self.tensor, self.key, self.nbytes, self._owner = tensor, key, nbytes, owner
+
+    def __del__(self) -> None:
+        self._owner._release(self.key, self.nbytes)

@@ -1,0 +1,154 @@
+"""Run one experiment as ``world_size`` fresh local processes (spawn, gloo on CPU).
+
+The simplest runner: what tests and a single machine without Ray use. Each experiment pays
+for its processes' start-up; the Ray runner keeps them warm instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
+from autotune.runner.outcome import combine_outcomes
+from autotune.runner.rank import RankOutcome
+
+# After the first rank fails, how long the others get to report before they are killed.
+FAILURE_GRACE_S = 10.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class LocalRunner:
+    """Runs experiments one at a time on this machine, each in fresh rank processes."""
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        """Run ``spec`` and return its result; never raises for a failed experiment."""
+        return run_local(spec)
+
+
+def run_local(spec: ExperimentSpec) -> ExperimentResult:
+    """Run ``spec`` on ``spec.world_size`` spawned processes with a wall-clock limit.
+
+    A rank that raises, runs out of memory, dies or outlives ``spec.timeout_s`` gives a result
+    with status ``error`` / ``oom`` / ``timeout``; no rank process outlives this call.
+    """
+    started_at, started = utc_now(), time.perf_counter()
+    context = mp.get_context("spawn")
+    reports: mp.Queue[RankOutcome] = context.Queue()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    with _rank_environment(spec.cpus_per_rank):
+        processes = [
+            context.Process(
+                target=_rank_main,
+                args=(spec, rank, init_method, reports),
+                name=f"autotune-{spec.name}-rank{rank}",
+                daemon=True,
+            )
+            for rank in range(spec.world_size)
+        ]
+        for process in processes:
+            process.start()
+
+    outcomes: dict[int, RankOutcome] = {}
+    deadline = started + spec.timeout_s
+    timed_out = False
+    try:
+        while len(outcomes) < spec.world_size:
+            now = time.perf_counter()
+            if now >= deadline:
+                timed_out = True
+                break
+            try:
+                outcome = reports.get(timeout=min(0.2, deadline - now))
+                outcomes[outcome.rank] = outcome
+                if outcome.status is not Status.ok:
+                    deadline = min(deadline, time.perf_counter() + FAILURE_GRACE_S)
+                continue
+            except queue.Empty:
+                pass
+            for rank, process in enumerate(processes):
+                if rank not in outcomes and not process.is_alive() and process.exitcode != 0:
+                    outcomes[rank] = _died(rank, process.exitcode)
+                    deadline = min(deadline, time.perf_counter() + FAILURE_GRACE_S)
+    finally:
+        _stop(processes)
+        reports.close()
+
+    total_s = time.perf_counter() - started
+    if timed_out and all(o.status is Status.ok for o in outcomes.values()):
+        return ExperimentResult(
+            name=spec.name,
+            status=Status.timeout,
+            error=f"timeout: no verdict within {spec.timeout_s:g} s "
+            f"({len(outcomes)} of {spec.world_size} ranks had finished)",
+            started_at=started_at,
+            timings=Timings(total_s=total_s),
+        )
+    for rank in range(spec.world_size):
+        if rank not in outcomes:  # killed by us after a peer failed: a consequence
+            outcomes[rank] = _died(rank, processes[rank].exitcode, peer_failure=True)
+    result = combine_outcomes(spec.name, list(outcomes.values()), started_at)
+    return result.with_timings(total_s=total_s)
+
+
+def _rank_main(
+    spec: ExperimentSpec, rank: int, init_method: str, reports: mp.Queue[RankOutcome]
+) -> None:
+    from autotune.runner.rank import run_rank
+
+    reports.put(run_rank(spec, rank, init_method))
+
+
+def _died(rank: int, exitcode: int | None, peer_failure: bool = False) -> RankOutcome:
+    if exitcode is not None and exitcode < 0:
+        cause = f"killed by {signal.Signals(-exitcode).name}"
+    else:
+        cause = f"exit code {exitcode}"
+    return RankOutcome(
+        rank=rank,
+        status=Status.error,
+        error=f"RankDied: rank {rank} process ended without a report ({cause})",
+        failed_at=time.time(),
+        peer_failure=peer_failure,
+    )
+
+
+def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join(timeout=5)
+
+
+@contextlib.contextmanager
+def _rank_environment(cpus_per_rank: int) -> Iterator[None]:
+    """Spawned ranks inherit this environment: one rank's threads fit its cores."""
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(cpus_per_rank) for name in names})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -1,0 +1,204 @@
+"""Functions the 2-rank pool runs: train with the engine and check against a reference.
+
+Each runs on every rank of the pool's gloo group and returns plain data for the test to check.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autotune.engine import initialize, model_state_bytes
+
+VOCAB, WIDTH, SEQ = 32, 16, 6
+
+
+class TinyNet(nn.Module):
+    """Embedding, two linear layers with a LayerNorm, a head; returns the MSE loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.fc1 = nn.Linear(WIDTH, 2 * WIDTH)
+        self.norm = nn.LayerNorm(2 * WIDTH)
+        self.fc2 = nn.Linear(2 * WIDTH, 2 * WIDTH)
+        self.head = nn.Linear(2 * WIDTH, 1)
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(ids).mean(dim=1)
+        hidden = self.norm(torch.relu(self.fc1(hidden)))
+        hidden = torch.tanh(self.fc2(hidden)) + hidden
+        out = self.head(hidden).squeeze(-1).float()
+        return ((out - target) ** 2).mean()
+
+
+def make_model(seed: int = 0) -> TinyNet:
+    torch.manual_seed(seed)
+    return TinyNet()
+
+
+def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, VOCAB, (size, SEQ), generator=gen), torch.randn(size, generator=gen)
+
+
+def base_config(
+    zero: dict[str, Any],
+    micro: int = 2,
+    gas: int = 1,
+    clip: float = 0.0,
+    precision: str = "fp32",
+    optimizer: str = "AdamW",
+    lr: float = 1e-2,
+    **extra: Any,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": optimizer, "params": {"lr": lr}},
+        "zero_optimization": zero,
+        **extra,
+    }
+    if precision != "fp32":
+        config[precision] = {"enabled": True}
+    return config
+
+
+def train(config: dict[str, Any], steps: int, **init: Any) -> Any:
+    """Train a TinyNet for ``steps`` optimizer steps on this rank's part of each global batch."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    engine, _, _, _ = initialize(model=make_model(), config=config, **init)
+    micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    for step in range(steps):
+        ids, target = global_batch(step, micro * gas * world)
+        for m in range(gas):
+            start = (m * world + rank) * micro
+            loss = engine(ids[start : start + micro], target[start : start + micro])
+            engine.backward(loss)
+            engine.step()
+    return engine
+
+
+def reference(config: dict[str, Any], steps: int) -> dict[str, torch.Tensor]:
+    """The same training in one process on the whole global batch, with plain torch."""
+    world = dist.get_world_size()
+    model = make_model()
+    opt_cfg = config["optimizer"]
+    cls = getattr(torch.optim, opt_cfg["type"])
+    optimizer = cls(model.parameters(), **opt_cfg["params"])
+    size = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * world
+    for step in range(steps):
+        loss = model(*global_batch(step, size))
+        loss.backward()
+        if config["gradient_clipping"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config["gradient_clipping"])
+        optimizer.step()
+        optimizer.zero_grad()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def match_reference(
+    config: dict[str, Any], steps: int = 3, atol: float = 1e-5, rtol: float = 1.3e-6
+) -> float:
+    engine = train(config, steps)
+    ours = engine.module_state_dict()
+    expected = reference(config, steps)
+    for name, value in expected.items():
+        torch.testing.assert_close(ours[name].float(), value, atol=atol, rtol=rtol, msg=name)
+    return max(float((ours[k].float() - v).abs().max()) for k, v in expected.items())
+
+
+def collectives(config: dict[str, Any], steps: int = 2) -> dict[str, Any]:
+    """Collective calls (total and during backward) of a short run, and its memory."""
+    engine = train(config, steps)
+    log = engine.comm.log
+    extra = {}
+    if engine.stage3 is not None:
+        extra = {"prefetched": engine.stage3.prefetched, "peak_live": engine.stage3.peak_live_numel}
+    return {
+        "calls": dict(log.calls),
+        "in_backward": dict(log.calls_in_backward),
+        "peak": engine.peak_memory_bytes(),
+        "optimizer_tensors": len(engine.master.params),
+        **extra,
+    }
+
+
+def model_states(stage: int) -> dict[str, int]:
+    """Model-state bytes this rank holds after a step, and what the ZeRO formula says."""
+    config = base_config(
+        {"stage": stage, "stage3_param_persistence_threshold": 0}, optimizer="Adam"
+    )
+    engine = train(config, steps=1)
+    held = engine.memory_breakdown()
+    num_params = sum(p.numel() for p in make_model().parameters())
+    formula = model_state_bytes(num_params, stage, dist.get_world_size())
+    return {
+        "params": held["params"],
+        "grads": held["grads"],
+        "optimizer_state": held["optimizer_state"],
+        "master": held.get("master", 0),
+        "formula_params": formula.params,
+        "formula_grads": formula.grads,
+        "formula_optimizer_state": formula.optimizer_state,
+        "formula_total": formula.total,
+        "padding_elements": len(engine.layout.segments) * dist.get_world_size(),
+    }
+
+
+def oom_on_one_rank(stage: int) -> str:
+    """Only rank 1 gets a budget it exceeds; both ranks must raise, and the group still works."""
+    budget = 10**9 if dist.get_rank() == 0 else 20_000
+    try:
+        train(base_config({"stage": stage}), steps=2, device_memory_bytes=budget)
+        outcome = "trained"
+    except torch.OutOfMemoryError:
+        outcome = "oom"
+    probe = torch.ones(1)
+    dist.all_reduce(probe)  # hangs (and the pool times out) if a rank were left behind
+    return f"{outcome}:{int(probe.item())}"
+
+
+def fp16_overflow() -> dict[str, Any]:
+    """A huge initial scale overflows fp16: steps are skipped and the scale comes down."""
+    config = base_config(
+        {"stage": 2},
+        precision="fp16",
+        fp16={"enabled": True, "initial_scale_power": 32, "hysteresis": 1},
+    )
+    engine = train(config, steps=1)
+    before = {k: v.clone() for k, v in engine.module_state_dict().items()}
+    scale_before = engine.loss_scale
+    ids, target = global_batch(0, 2)
+    engine.backward(engine(ids, target))
+    engine.step()
+    after = engine.module_state_dict()
+    skipped_changed = any(not torch.equal(before[k], after[k]) for k in before)
+    for _ in range(20):
+        engine.backward(engine(ids, target))
+        engine.step()
+    return {
+        "skipped": engine.skipped_steps,
+        "scale_before": scale_before,
+        "scale_after": engine.loss_scale,
+        "global_steps": engine.global_steps,
+        "changed_on_skip": skipped_changed,
+        "finite": all(bool(torch.isfinite(v).all()) for v in after.values()),
+    }
+
+
+def save_and_load(path: str) -> float:
+    """Stage 3 saves a consolidated state dict; a stage-0 engine loads it unchanged."""
+    engine = train(base_config({"stage": 3, "stage3_param_persistence_threshold": 0}), steps=2)
+    engine.save_model_state_dict(path)
+    saved = engine.module_state_dict()
+    other, _, _, _ = initialize(model=make_model(seed=5), config=base_config({"stage": 2}))
+    other.load_model_state_dict(path)
+    loaded = other.module_state_dict()
+    target = copy.deepcopy(saved)
+    return max(float((loaded[k] - target[k]).abs().max()) for k in target)

@@ -1,0 +1,164 @@
+"""The engine on two gloo ranks: every stage against a single-process reference, knobs, memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import engine_cases as cases
+import pytest
+import torch
+from rank_pool import RankPool
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RankPool]:
+    ranks = RankPool(world_size=2)
+    yield ranks
+    ranks.close()
+
+
+SMALL_BUCKETS = {
+    "reduce_bucket_size": 600,
+    "allgather_bucket_size": 700,
+    "stage3_param_persistence_threshold": 40,
+    "stage3_prefetch_bucket_size": 2000,
+}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize(
+    ("gas", "clip", "overlap"), [(1, 0.0, True), (2, 0.0, False), (2, 0.05, True)]
+)
+def test_matches_single_process_reference(
+    pool: RankPool, stage: int, gas: int, clip: float, overlap: bool
+) -> None:
+    config = cases.base_config(
+        {"stage": stage, "overlap_comm": overlap, **SMALL_BUCKETS}, gas=gas, clip=clip
+    )
+    pool.run(cases.match_reference, config)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bf16_tracks_fp32_reference(pool: RankPool, stage: int) -> None:
+    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=2, clip=0.5, precision="bf16")
+    pool.run(cases.match_reference, config, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_knob_variants_still_match(pool: RankPool, stage: int) -> None:
+    zero = {
+        "stage": stage,
+        **SMALL_BUCKETS,
+        "reduce_scatter": False,
+        "contiguous_gradients": False,
+        "allgather_partitions": False,
+        "stage3_max_live_parameters": 1500,
+        "stage3_max_reuse_distance": 0,
+        "sub_group_size": 300,
+    }
+    pool.run(cases.match_reference, cases.base_config(zero, gas=2))
+
+
+def test_cpu_offload_matches(pool: RankPool) -> None:
+    zero = {"stage": 2, **SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
+    pool.run(cases.match_reference, cases.base_config(zero))
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam", "RMSprop"])
+def test_other_optimizers_match(pool: RankPool, optimizer: str) -> None:
+    pool.run(
+        cases.match_reference, cases.base_config({"stage": 1, **SMALL_BUCKETS}, optimizer=optimizer)
+    )
+
+
+def _calls(pool: RankPool, stage: int, **zero: object) -> dict[str, object]:
+    return pool.run(cases.collectives, cases.base_config({"stage": stage, **zero}))[0]
+
+
+def test_reduce_bucket_size_sets_the_number_of_reductions(pool: RankPool) -> None:
+    few = _calls(pool, 0, reduce_bucket_size=10**6)["calls"]
+    many = _calls(pool, 0, reduce_bucket_size=300)["calls"]
+    assert many["all_reduce"] > few["all_reduce"]  # type: ignore[index]
+
+
+def test_overlap_comm_reduces_during_backward(pool: RankPool) -> None:
+    for stage in (0, 2, 3):
+        on = _calls(pool, stage, overlap_comm=True, reduce_bucket_size=300)
+        off = _calls(pool, stage, overlap_comm=False, reduce_bucket_size=300)
+        assert sum(on["in_backward"].values()) > 0, stage  # type: ignore[union-attr]
+        kind = "all_reduce" if stage == 0 else "reduce_scatter"
+        assert off["in_backward"].get(kind, 0) == 0, stage  # type: ignore[union-attr]
+
+
+def test_reduce_scatter_and_allgather_knobs(pool: RankPool) -> None:
+    scatter = _calls(pool, 2, reduce_scatter=True)["calls"]
+    allreduce = _calls(pool, 2, reduce_scatter=False)["calls"]
+    assert scatter.get("reduce_scatter", 0) > 0 and "reduce_scatter" not in allreduce
+    small = _calls(pool, 1, allgather_bucket_size=200)["calls"]
+    large = _calls(pool, 1, allgather_bucket_size=10**6)["calls"]
+    assert small["all_gather"] > large["all_gather"]  # type: ignore[index]
+    broadcast = _calls(pool, 1, allgather_partitions=False)["calls"]
+    assert broadcast.get("broadcast", 0) > 0 and "all_gather" not in broadcast
+
+
+def test_contiguous_gradients_changes_memory(pool: RankPool) -> None:
+    on = _calls(pool, 2, contiguous_gradients=True, reduce_bucket_size=300)
+    off = _calls(pool, 2, contiguous_gradients=False, reduce_bucket_size=300)
+    assert on["peak"] != off["peak"]
+
+
+def test_stage3_knobs(pool: RankPool) -> None:
+    base = {"reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0}
+    persistent = _calls(pool, 3, **{**base, "stage3_param_persistence_threshold": 100})
+    partitioned = _calls(pool, 3, **base)
+    assert persistent["calls"]["all_gather"] < partitioned["calls"]["all_gather"]  # type: ignore[index]
+    no_prefetch = _calls(pool, 3, **base, stage3_prefetch_bucket_size=0)
+    prefetch = _calls(pool, 3, **base, stage3_prefetch_bucket_size=10**6)
+    assert no_prefetch["prefetched"] == 0 < prefetch["prefetched"]  # type: ignore[operator]
+    reuse = _calls(pool, 3, **base, stage3_max_reuse_distance=10**6)
+    no_reuse = _calls(pool, 3, **base, stage3_max_reuse_distance=0)
+    assert reuse["calls"]["all_gather"] < no_reuse["calls"]["all_gather"]  # type: ignore[index]
+    capped = _calls(
+        pool, 3, **base, stage3_prefetch_bucket_size=10**6, stage3_max_live_parameters=1200
+    )
+    assert capped["peak_live"] <= 1200 < prefetch["peak_live"]  # type: ignore[operator]
+
+
+def test_sub_group_size_splits_the_optimizer(pool: RankPool) -> None:
+    whole = _calls(pool, 2)["optimizer_tensors"]
+    split = _calls(pool, 2, sub_group_size=100)["optimizer_tensors"]
+    assert split > whole  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_state_bytes_follow_zero_formulas(pool: RankPool, stage: int) -> None:
+    for held in pool.run(cases.model_states, stage):
+        slack = held["padding_elements"] * 4 * 4  # params, grads, two Adam states
+        assert held["master"] == 0
+        ours = held["params"] + held["grads"] + held["optimizer_state"]
+        assert held["formula_total"] <= ours <= held["formula_total"] + slack, held
+        assert held["formula_optimizer_state"] <= held["optimizer_state"]
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_oom_is_raised_on_every_rank(pool: RankPool, stage: int) -> None:
+    assert pool.run(cases.oom_on_one_rank, stage) == ["oom:2", "oom:2"]
+
+
+def test_fp16_overflow_skips_and_scales_down(pool: RankPool) -> None:
+    for result in pool.run(cases.fp16_overflow):
+        assert result["skipped"] > 0
+        assert not result["changed_on_skip"]
+        assert result["scale_after"] < result["scale_before"]
+        assert result["finite"]
+
+
+def test_consolidated_state_dict_round_trip(pool: RankPool, tmp_path: Path) -> None:
+    assert pool.run(cases.save_and_load, str(tmp_path / "model.pt")) == [0.0, 0.0]
+
+
+def test_torch_out_of_memory_error_exists() -> None:
+    assert issubclass(torch.OutOfMemoryError, RuntimeError)

@@ -1,0 +1,129 @@
+"""One experiment end to end on spawned local processes: metrics and every status."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.experiment import ExperimentSpec, Status
+from autotune.runner import run_local
+from autotune.workloads import resolve_workload
+from tests.runner.faulty_workloads import TINY_GPT
+
+pytestmark = pytest.mark.multirank
+FAULTY = "tests.runner.faulty_workloads:faulty"
+
+
+def spec(
+    name: str, workload: str = "gpt", args: dict[str, Any] | None = None, **kw: Any
+) -> ExperimentSpec:
+    ds_config = kw.pop(
+        "ds_config",
+        {
+            "train_batch_size": 8,
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 2},
+        },
+    )
+    return ExperimentSpec(
+        name=name,
+        ds_config=ds_config,
+        workload=workload,
+        workload_args=TINY_GPT if args is None else args,
+        world_size=2,
+        start_profile_step=2,
+        end_profile_step=4,
+        timeout_s=kw.pop("timeout_s", 120.0),
+        **kw,
+    )
+
+
+def test_ok_experiment_has_consistent_metrics() -> None:
+    result = run_local(spec("ok"))
+    assert result.status is Status.ok, result.error_detail
+    metrics = result.metrics
+    assert metrics is not None
+    assert len(metrics.step_times_s) == 3
+    assert metrics.throughput * metrics.latency == pytest.approx(8)
+    assert metrics.peak_memory_bytes > 0
+    assert metrics.flops == pytest.approx(metrics.flops_per_step / metrics.latency)
+    timings = result.timings
+    assert timings.window_s > 0 and timings.warmup_s > 0 and timings.startup_s > 0
+    assert timings.total_s >= timings.startup_s + timings.warmup_s + timings.window_s
+    assert len(result.node_ids) == 2
+
+
+def test_flops_match_six_n_tokens_for_gpt() -> None:
+    args = {"n_layer": 2, "d_model": 128, "n_head": 4, "seq_len": 64, "vocab": 512}
+    result = run_local(spec("flops", args=args))
+    assert result.metrics is not None, result.error
+    model = resolve_workload("gpt", args).model
+    embedding = sum(p.numel() for n, p in model.named_parameters() if "wte" in n or "wpe" in n)
+    non_embedding = sum(p.numel() for p in model.parameters()) - embedding
+    tokens_per_step_per_rank = 2 * 2 * 64  # micro-batch x accumulation x seq_len
+    expected = 6 * non_embedding * tokens_per_step_per_rank
+    assert result.metrics.flops_per_step == pytest.approx(expected, rel=0.10)
+
+
+def test_an_exception_on_one_rank_is_status_error_with_its_traceback() -> None:
+    result = run_local(spec("raise", FAULTY, {"fault": "raise", "rank_to_fail": 1}))
+    assert result.status is Status.error
+    assert result.error == "ValueError: deliberate failure on rank 1"
+    assert result.failed_rank == 1
+    assert result.error_detail is not None and "faulty_workloads.py" in result.error_detail
+
+
+def test_exceeding_the_memory_budget_is_status_oom() -> None:
+    result = run_local(spec("oom", device_memory_bytes=1 << 20))
+    assert result.status is Status.oom, result.error
+    assert result.error is not None
+
+
+def test_a_hang_is_cut_by_the_timeout() -> None:
+    result = run_local(spec("hang", FAULTY, {"fault": "sleep", "rank_to_fail": 0}, timeout_s=12))
+    assert result.status is Status.timeout
+    assert result.timings.total_s < 25
+
+
+def test_a_rank_that_dies_is_status_error_naming_the_signal() -> None:
+    result = run_local(spec("kill", FAULTY, {"fault": "kill", "rank_to_fail": 1}))
+    assert result.status is Status.error
+    assert result.error is not None and "SIGKILL" in result.error
+
+
+def test_user_workload_from_a_module_in_a_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_models.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+
+            def build(width=16):
+                model = nn.Sequential(nn.Linear(8, width), nn.GELU(), nn.Linear(width, 1))
+
+                class Loss(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.net = model
+
+                    def forward(self, x, y):
+                        return nn.functional.mse_loss(self.net(x), y)
+
+                def make_batch(micro_batch_size, generator):
+                    x = torch.randn(micro_batch_size, 8, generator=generator)
+                    return x, x.sum(dim=1, keepdim=True)
+
+                return Loss(), make_batch
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run_local(spec("user", "my_models:build", {"width": 32}))
+    assert result.status is Status.ok, result.error_detail
