@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import enum
 import json
+import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from autotune.config import ConfigError
+from autotune.config.sizes import format_size
+from autotune.defaults import (
+    DEFAULT_CONFIG,
+    DEFAULT_CPU_DEVICE_MEMORY,
+    DEFAULT_WORKLOAD,
+    DEFAULT_WORLD_SIZE,
+)
 
 app = typer.Typer(
     name="autotune",
@@ -20,6 +31,7 @@ app = typer.Typer(
 )
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 def fail(message: str) -> typer.Exit:
@@ -49,6 +61,228 @@ def validate(
         typer.echo(f"search space: {keys}", err=True)
     if not isinstance(cfg.train_micro_batch_size_per_gpu, int):
         typer.echo("batch size: left to the tuner (no micro-batch fixed)", err=True)
+
+
+class Metric(str, enum.Enum):
+    throughput = "throughput"
+    latency = "latency"
+    flops = "flops"
+
+
+class TunerType(str, enum.Enum):
+    gridsearch = "gridsearch"
+    random = "random"
+    model_based = "model_based"
+
+
+class ReportFormat(str, enum.Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+class RunnerKind(str, enum.Enum):
+    ray = "ray"
+    local = "local"
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="DeepSpeed config; default: built-in.")
+    ] = None,
+    workload: Annotated[
+        str, typer.Option(help="gpt, mlp, hf_gpt2, or package.module:function.")
+    ] = DEFAULT_WORKLOAD,
+    workload_arg: Annotated[
+        list[str] | None,
+        typer.Option("--workload-arg", "-a", help="key=value for the workload (repeatable)."),
+    ] = None,
+    metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
+    tuner: Annotated[TunerType | None, typer.Option(case_sensitive=False)] = None,
+    world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = DEFAULT_WORLD_SIZE,
+    results_dir: Annotated[Path | None, typer.Option(help="Where results live.")] = None,
+    device_memory: Annotated[
+        str | None,
+        typer.Option(help="Per-rank memory budget, e.g. 16GiB (CPU default: 512MiB)."),
+    ] = None,
+    fast: Annotated[
+        bool | None, typer.Option("--fast/--no-fast", help="Only stages and micro-batch.")
+    ] = None,
+    num_trials: Annotated[int | None, typer.Option(min=1)] = None,
+    early_stopping: Annotated[int | None, typer.Option(min=1)] = None,
+    start_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
+    end_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
+    timeout: Annotated[float | None, typer.Option(min=1, help="Seconds per experiment.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Discard earlier results.")] = False,
+    ray_address: Annotated[
+        str | None, typer.Option(envvar="RAY_ADDRESS", help="An existing Ray cluster.")
+    ] = None,
+    runner: Annotated[
+        RunnerKind, typer.Option(case_sensitive=False, help="ray: warm actors; local: fresh.")
+    ] = RunnerKind.local,
+    cpus_per_rank: Annotated[int, typer.Option(min=1)] = 1,
+    seed: Annotated[int | None, typer.Option()] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Log lines, no live display.")
+    ] = False,
+) -> None:
+    """Tune: run experiments, rank them, write ds_config_optimal.json. Re-run to resume."""
+    from rich.console import Console
+
+    from autotune.config import load_config, parse_size, read_json
+    from autotune.config.loader import set_key
+    from autotune.display import Progress, print_report
+    from autotune.results import ResultsDirError, ResultsLockedError
+    from autotune.tuning import TuningJob, tune
+    from autotune.workloads import WorkloadError, parse_workload_args
+
+    try:
+        spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
+        flags = {
+            "metric": metric.value if metric else None,
+            "tuner_type": tuner.value if tuner else None,
+            "fast": fast,
+            "tuner_num_trials": num_trials,
+            "tuner_early_stopping": early_stopping,
+            "start_profile_step": start_profile_step,
+            "end_profile_step": end_profile_step,
+            "timeout_s": timeout,
+            "seed": seed,
+            "results_dir": str(results_dir) if results_dir else None,
+        }
+        for key, value in flags.items():  # flags override the config's autotuning section
+            if value is not None:
+                set_key(spec, f"autotuning.{key}", value)
+        cfg = load_config(spec, world_size=world_size)
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    if config is None and device_memory is None and not _has_cuda():
+        device_memory = DEFAULT_CPU_DEVICE_MEMORY
+    try:
+        budget = parse_size(device_memory) if device_memory is not None else None
+    except ValueError as err:
+        raise fail(f"--device-memory: {err}") from None
+    try:
+        args = parse_workload_args(workload_arg or [])
+    except WorkloadError as err:
+        raise fail(str(err)) from None
+
+    job = TuningJob(
+        config=cfg,
+        workload=workload,
+        workload_args=args,
+        results_dir=Path(cfg.autotuning.results_dir),
+        device_memory_bytes=budget,
+        overwrite=overwrite or cfg.autotuning.overwrite,
+        cpus_per_rank=cpus_per_rank,
+    )
+    console = Console(stderr=False)
+    try:
+        with (
+            _make_runner(runner, job, ray_address) as experiment_runner,
+            Progress(console, quiet, cfg.autotuning.tuner_num_trials) as progress,
+        ):
+            report = tune(job, experiment_runner, on_event=progress)
+    except (WorkloadError, ResultsDirError, ResultsLockedError, ConfigError) as err:
+        raise fail(str(err)) from None
+    except KeyboardInterrupt:
+        typer.echo(
+            f"interrupted: finished experiments are kept in {job.results_dir}; "
+            "run the same command to resume",
+            err=True,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    print_report(console, report)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _make_runner(kind: RunnerKind, job: object, ray_address: str | None) -> Any:
+    from autotune.runner import LocalRunner
+
+    if kind is RunnerKind.local:
+        return contextlib.nullcontext(LocalRunner())
+    from autotune.runner.ray_runner import RayRunner
+
+    return RayRunner(address=ray_address)
+
+
+@app.command()
+def report(
+    results_dir: Annotated[Path, typer.Argument(help="A results directory.")],
+    format: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.table,
+    metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
+) -> None:
+    """Print the experiments of a results directory, best first."""
+    from autotune.results import ResultsDirError, load_results
+
+    try:
+        frame = load_results(results_dir)
+    except (ResultsDirError, ValueError) as err:
+        raise fail(str(err)) from None
+    chosen = (metric.value if metric else None) or _recorded_metric(results_dir)
+    ascending = chosen == "latency"
+    ok_first = frame.assign(_ok=frame["status"] != "ok").sort_values(
+        ["_ok", chosen], ascending=[True, ascending], na_position="last"
+    )
+    frame = ok_first.drop(columns="_ok")
+    if format is ReportFormat.csv:
+        typer.echo(frame.to_csv(index=False), nl=False)
+    elif format is ReportFormat.json:
+        typer.echo(frame.to_json(orient="records", date_format="iso", indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        columns = {
+            "name": "experiment",
+            "status": "status",
+            "zero_stage": "stage",
+            "micro_batch_size": "micro",
+            "gradient_accumulation_steps": "accum",
+            chosen: chosen,
+            "latency_spread": "spread",
+            "peak_memory_bytes": "peak mem/rank",
+            "error": "error",
+        }
+        table = Table(title=f"{results_dir}: experiments by {chosen}")
+        for header in columns.values():
+            table.add_column(header, no_wrap=header != "error", overflow="fold")
+        for _, row in frame[list(columns)].iterrows():
+            table.add_row(*(_cell(column, row[column]) for column in columns))
+        # Piped output gets a wide table rather than rich's 80-column default.
+        Console(width=shutil.get_terminal_size((160, 24)).columns).print(table)
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN
+        return ""
+    if column == "peak_memory_bytes":
+        return format_size(float(value))
+    if column == "latency_spread":
+        return f"{float(value):.0%}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _recorded_metric(results_dir: Path) -> str:
+    summary = results_dir / "summary.json"
+    if summary.exists():
+        return str(json.loads(summary.read_text()).get("metric", "throughput"))
+    return "throughput"
+
+
+@app.command()
+def best(results_dir: Annotated[Path, typer.Argument(help="A results directory.")]) -> None:
+    """Print the path of the best config found (ds_config_optimal.json)."""
+    path = results_dir / "ds_config_optimal.json"
+    if not path.exists():
+        raise fail(f"{results_dir} has no ds_config_optimal.json (has a run finished there?)")
+    typer.echo(str(path))
 
 
 @app.callback()

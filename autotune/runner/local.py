@@ -7,6 +7,7 @@ for its processes' start-up; the Ray runner keeps them warm instead.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import queue
@@ -113,7 +114,15 @@ def _rank_main(
 ) -> None:
     from autotune.runner.rank import run_rank
 
+    _die_with_parent()
     reports.put(run_rank(spec, rank, init_method))
+
+
+def _die_with_parent() -> None:
+    """Linux: if the driver is killed (even with -9), its rank processes go with it."""
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _died(rank: int, exitcode: int | None, peer_failure: bool = False) -> RankOutcome:

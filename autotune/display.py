@@ -1,0 +1,129 @@
+"""Showing a tuning run to a person: live progress and the final ranked table (rich)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from autotune.config.sizes import format_size
+
+if TYPE_CHECKING:
+    from autotune.tuner import TuningSummary
+    from autotune.tuning import TuningEvent, TuningReport
+
+
+def _metric_text(value: float, metric: str) -> str:
+    if metric == "latency":
+        return f"{value:.3f} s/step"
+    if metric == "flops":
+        return f"{value / 1e9:.2f} GFLOP/s"
+    return f"{value:.2f} samples/s"
+
+
+class Progress:
+    """Live status while tuning; with ``quiet``, one plain log line per experiment instead."""
+
+    def __init__(self, console: Console, quiet: bool, num_trials: int) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.num_trials = num_trials
+        self.started = time.monotonic()
+        self.current = ""
+        self._live: Live | None = None
+
+    def __enter__(self) -> Progress:
+        if not self.quiet:
+            self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def __call__(self, event: TuningEvent) -> None:
+        summary = event.summary
+        if event.kind == "resumed":
+            self._log(f"resuming: {summary.num_run} experiments already finished")
+        elif event.kind == "started" and event.candidate is not None:
+            self.current = f"{event.candidate.name} ({event.candidate.phase.value})"
+        elif event.kind == "finished" and event.result is not None:
+            result = event.result
+            metric = summary.metric.value
+            if result.metrics is not None:
+                value = getattr(result.metrics, metric)
+                what = f"ok  {_metric_text(value, metric)}"
+            else:
+                what = f"{result.status.value}  {result.error or ''}"[:100]
+            self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
+            self.current = ""
+        if self._live is not None:
+            self._live.update(self._status(summary))
+
+    def _log(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False)
+
+    def _status(self, summary: TuningSummary) -> Table:
+        elapsed = time.monotonic() - self.started
+        done = summary.num_run
+        table = Table.grid(padding=(0, 2))
+        table.add_row(
+            "experiments",
+            f"{done} done ({summary.num_failed} failed/oom), {summary.num_pruned} pruned, "
+            f"at most {self.num_trials} planned",
+        )
+        if summary.best is not None:
+            value = _metric_text(summary.best.value, summary.metric.value)
+            table.add_row("best so far", f"{summary.best.name}  {value}")
+        remaining = ""
+        if done:
+            left = max(0, self.num_trials - done) * elapsed / done
+            remaining = f", at most ~{left:.0f} s left"
+        table.add_row("elapsed", f"{elapsed:.0f} s{remaining}")
+        if self.current:
+            table.add_row("running", self.current)
+        return table
+
+
+def ranked_table(summary: TuningSummary, top: int = 10) -> Table:
+    """The top configurations, best first, with spread and peak memory."""
+    metric = summary.metric.value
+    table = Table(title=f"top experiments by {metric}")
+    table.add_column("#", justify="right")
+    table.add_column("experiment")
+    table.add_column(metric, justify="right")
+    table.add_column("runs", justify="right")
+    table.add_column("spread", justify="right")
+    table.add_column("peak memory/rank", justify="right")
+    for index, ranked in enumerate(summary.ranking[:top], start=1):
+        table.add_row(
+            str(index),
+            ranked.name,
+            _metric_text(ranked.value, metric),
+            str(ranked.num_measurements),
+            f"{ranked.spread:.0%}",
+            format_size(ranked.peak_memory_bytes),
+        )
+    return table
+
+
+def print_report(console: Console, report: TuningReport) -> None:
+    summary = report.summary
+    console.print(ranked_table(summary))
+    console.print(
+        f"{summary.num_run} experiments ({report.num_resumed} from earlier runs), "
+        f"{summary.num_failed} failed or out of memory, {summary.num_pruned} pruned; "
+        f"stopped: {summary.stop_reason or 'search complete'}",
+        highlight=False,
+    )
+    if summary.top_two_within_noise:
+        console.print("note: the top two are within measurement noise of each other")
+    if report.optimal_config_path is not None:
+        console.print(f"optimal config: {report.optimal_config_path}", highlight=False)
+    else:
+        console.print("no experiment ran ok; see summary.txt in the results directory")

@@ -1,0 +1,48 @@
+"""The tuner: what to run next and when to stop, as pure logic behind ask/tell.
+
+It starts no processes: a driver asks for a :class:`Candidate`, runs it, and tells the
+:class:`~autotune.experiment.ExperimentResult`. See :class:`Tuner` for the loop.
+"""
+
+from autotune.tuner.memory import MemoryEstimate, estimate_memory
+from autotune.tuner.naming import candidate_name, repeat_name, split_repeat
+from autotune.tuner.ranking import Ranked, rank, score, within_noise
+from autotune.tuner.samplers import (
+    GridSampler,
+    OptunaSampler,
+    Point,
+    RandomSampler,
+    Sampler,
+    Subspace,
+    make_sampler,
+)
+from autotune.tuner.session import Candidate, Phase, Tuner
+from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
+from autotune.tuner.summary import TuningSummary
+
+__all__ = [
+    "Candidate",
+    "GridSampler",
+    "MemoryEstimate",
+    "OptunaSampler",
+    "Phase",
+    "Point",
+    "RandomSampler",
+    "Ranked",
+    "Sampler",
+    "Subspace",
+    "Tuner",
+    "TuningSpace",
+    "TuningSummary",
+    "Variant",
+    "VariantPlan",
+    "build_space",
+    "candidate_name",
+    "estimate_memory",
+    "make_sampler",
+    "rank",
+    "repeat_name",
+    "score",
+    "split_repeat",
+    "within_noise",
+]

@@ -1,0 +1,474 @@
+"""The tuner: decides what to run next and when to stop, behind ask/tell. It runs nothing.
+
+The flow (DeepSpeed's, with its bugs fixed), one phase after another:
+
+1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits: start at the
+   memory estimate's largest fit, descend on failure. An ``oom`` is a constraint: every larger
+   micro-batch with the same stage and knobs is pruned unrun. (No climbing above the estimate:
+   its margin is there so that the estimate is the answer; a climb would mostly buy OOMs.)
+2. ``micro_batch``: compare the ``num_tuning_micro_batch_sizes`` largest sizes that fit, per
+   variant, with the chosen sampler. ``fast: true`` (and no knob lists) stops the search here.
+3. ``knobs``: each surviving variant at its best micro-batch, over its knobs.
+4. ``remeasure``: the top ``num_remeasure`` configurations run again (``<name>_r1``, ...) and
+   the best is declared on the median of repeats — step times vary up to ±50% run to run.
+
+Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a new best;
+``tuner_num_trials`` caps the search experiments (re-measurements are extra); once
+``time_budget_s`` is spent nothing new is proposed.
+
+Every decision is derived from the results told so far, so a resumed run re-seeds the tuner by
+telling it the results log, in order, before asking (names identify configurations).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import Config, ConfigError
+from autotune.experiment import ExperimentResult, Status
+from autotune.tuner.naming import MICRO_BATCH_KEY, STAGE_KEY, repeat_name, split_repeat
+from autotune.tuner.ranking import Ranked, rank, score, within_noise
+from autotune.tuner.samplers import Point, Sampler, Subspace, make_sampler
+from autotune.tuner.space import Variant, VariantPlan, build_space
+from autotune.tuner.summary import TuningSummary
+
+if TYPE_CHECKING:
+    from autotune.profiling.model_info import ModelInfo
+
+
+class Phase(str, enum.Enum):
+    """Where the tuner is; see the module docstring."""
+
+    max_micro_batch = "max_micro_batch"
+    micro_batch = "micro_batch"
+    knobs = "knobs"
+    remeasure = "remeasure"
+    done = "done"
+
+
+_PHASES = list(Phase)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An experiment the tuner wants run.
+
+    Attributes:
+        name: unique and stable across runs; the experiment's folder name.
+        overrides: the dotted-key values applied to the user's config.
+        ds_config: the concrete config to run (batch triad resolved, ``autotuning`` removed).
+        phase: the phase that proposed it.
+        repeat_of: for a re-measurement, the name of the original.
+    """
+
+    name: str
+    overrides: Mapping[str, Any]
+    ds_config: Mapping[str, Any]
+    phase: Phase
+    repeat_of: str | None = None
+
+    @property
+    def stage(self) -> int:
+        return int(self.overrides[STAGE_KEY])
+
+    @property
+    def micro_batch_size(self) -> int:
+        return int(self.overrides[MICRO_BATCH_KEY])
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A configuration the tuner may propose, known by its name."""
+
+    variant: Variant
+    micro_batch_size: int
+    knobs: tuple[tuple[str, Any], ...]
+    overrides: Mapping[str, Any]
+
+
+class Tuner:
+    """Proposes experiments one at a time and learns from their results.
+
+    Args:
+        config: the user's config, search lists and ``autotuning`` section included.
+        model_info: the workload's sizes, for the memory estimate (optional).
+        device_memory_bytes: per-rank device budget (default: ``config.device_memory_bytes``);
+            without it and ``model_info``, stages are pruned only by running out of memory.
+        storage: an Optuna storage URL (``sqlite:///<results_dir>/study.db``) so that a
+            ``model_based`` study outlives the process; None keeps it in memory.
+        clock: seconds, monotonic; injectable for tests.
+        num_repeats: re-measurements of each top configuration.
+
+    Raises:
+        ConfigError: if the batch limits leave no micro-batch size.
+
+    Example:
+        >>> from autotune.config import load_config
+        >>> tuner = Tuner(load_config({"zero_optimization": {"stage": 1}}, world_size=2))
+        >>> candidate = tuner.ask()
+        >>> candidate.name, candidate.phase.value
+        ('z1_mbs1024', 'max_micro_batch')
+
+        A driver runs it and tells the result, until ``ask`` returns None with nothing in
+        flight::
+
+            while (candidate := tuner.ask()) is not None:
+                tuner.tell(runner.run(spec_for(candidate)))
+            summary, best = tuner.summary(), tuner.optimal_config()
+
+        To resume, tell the results log first: ``for r in log: tuner.tell(r)``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        model_info: ModelInfo | None = None,
+        *,
+        device_memory_bytes: int | None = None,
+        storage: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        num_repeats: int = 2,
+    ) -> None:
+        self._config = config
+        self._tuning = config.autotuning
+        self._storage = storage
+        self._num_repeats = num_repeats
+        if device_memory_bytes is None:
+            device_memory_bytes = config.device_memory_bytes
+        self._space = build_space(config, model_info, device_memory_bytes)
+        self._pruned: dict[str, str] = dict(self._space.pruned)
+        self._entries: dict[str, _Entry] = {}
+        self._results: dict[str, ExperimentResult] = {}
+        self._order: list[str] = []  # names in the order they were told
+        self._pending: dict[str, Candidate] = {}
+        self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
+        self._phase = Phase.max_micro_batch
+        self._sampler: Sampler | None = None
+        self._phase_points: dict[str, Point] = {}  # name → point, for the sampler's phase
+        self._point_names: dict[Point, str] = {}
+        self._repeats: list[str] = []
+        self._stop_reason = ""
+        self._clock = clock
+        self._started = clock()
+        self._replayed_s = 0.0
+        for plan in self._space.plans:
+            for size in plan.ladder:
+                self._register(plan.variant, size, ())
+
+    # --- the interface ------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def finished(self) -> bool:
+        """True when nothing more will be proposed and nothing is in flight."""
+        return self._phase is Phase.done and not self._pending
+
+    @property
+    def elapsed_s(self) -> float:
+        """Tuning time: this process's, plus the recorded durations of replayed results."""
+        return self._clock() - self._started + self._replayed_s
+
+    def ask(self) -> Candidate | None:
+        """The next experiment to run, or None: finished, or waiting for results in flight.
+
+        Several candidates may be in flight at once; a phase ends only once all its results
+        are in, so None with candidates pending means "tell me something first".
+        """
+        budget = self._tuning.time_budget_s
+        if budget is not None and self.elapsed_s >= budget and self._phase is not Phase.done:
+            self._finish(f"time budget of {budget:g} s spent")
+        while self._phase is not Phase.done:
+            name = self._next_name()
+            if name is None:
+                if self._pending:
+                    return None
+                self._advance()
+                continue
+            candidate = self._candidate(name)
+            if candidate is not None:
+                self._pending[name] = candidate
+                return candidate
+        return None
+
+    def tell(self, result: ExperimentResult) -> None:
+        """Record a finished experiment of any status.
+
+        A result the tuner did not ask for is history being replayed: it is recorded the same
+        way, and its duration counts toward the time budget. Telling a name twice keeps the
+        first result.
+        """
+        if result.name in self._results:
+            return
+        if self._pending.pop(result.name, None) is None:
+            self._replayed_s += result.duration_s
+        self._results[result.name] = result
+        self._order.append(result.name)
+        self._note_oom(result.name)
+        point = self._phase_points.get(result.name)
+        if point is not None and self._sampler is not None:
+            self._tell_sampler(point, result)
+
+    def summary(self) -> TuningSummary:
+        """What the run found so far (complete once ``finished``)."""
+        metric = self._tuning.metric
+        ranking = [r for r in rank(self._results.values(), metric) if r.name in self._entries]
+        remeasured = [r for r in ranking if r.num_measurements > 1]
+        contenders = remeasured or ranking
+        best = contenders[0] if contenders else None
+        per_variant: dict[str, Ranked] = {}
+        for ranked in ranking:
+            per_variant.setdefault(self._entries[ranked.name].variant.label, ranked)
+        failed = {
+            name: f"{r.status.value}: {r.error}" if r.error else r.status.value
+            for name, r in self._results.items()
+            if not r.ok
+        }
+        return TuningSummary(
+            metric=metric,
+            ranking=tuple(ranking),
+            best=best,
+            best_overrides=dict(self._entries[best.name].overrides) if best else {},
+            best_per_variant=per_variant,
+            top_two_within_noise=(
+                within_noise(contenders[0], contenders[1]) if len(contenders) > 1 else None
+            ),
+            num_run=len(self._results),
+            num_failed=len(failed),
+            pruned={**self._pruned, **self._pruned_by_oom()},
+            failed=failed,
+            tuning_time_s=self.elapsed_s,
+            stop_reason=self._stop_reason,
+        )
+
+    def optimal_config(self) -> dict[str, Any] | None:
+        """The user's config with the best values, ``autotuning`` removed, batch triad resolved.
+
+        None when no experiment ran ok.
+        """
+        best = self.summary().best
+        if best is None:
+            return None
+        return self._ds_config(self._entries[best.name].overrides)
+
+    # --- choosing the next experiment ---------------------------------------------------------
+
+    def _next_name(self) -> str | None:
+        """The next name the current phase wants run, or None if it has nothing now."""
+        if self._phase is Phase.remeasure:
+            return next((n for n in self._repeats if self._is_free(n)), None)
+        if self._search_budget_spent():
+            return None
+        if self._phase is Phase.max_micro_batch:
+            targets = (self._probe_target(plan) for plan in self._space.plans)
+            return next((n for n in targets if n is not None and self._is_free(n)), None)
+        if self._sampler is None:  # nothing to tune in this phase
+            return None
+        patience = self._tuning.tuner_early_stopping
+        if self._since_best() >= patience:
+            self._stop_reason = f"no better result in the last {patience} experiments"
+            return None
+        point = self._sampler.ask(lambda p: self._is_open(self._point_names[p]))
+        return self._point_names[point] if point is not None else None
+
+    def _probe_target(self, plan: VariantPlan) -> str | None:
+        """The next micro-batch in the search for the largest that fits ``plan``'s variant.
+
+        Descends from the start past failures; None once one fits (or nothing is left), or
+        while the one to try is in flight.
+        """
+        names = {size: self._name(plan.variant, size, ()) for size in plan.ladder}
+        if any(self._status(name) is Status.ok for name in names.values()):
+            return None
+        tried = [s for s in plan.ladder if s <= plan.start and self._status(names[s]) is None]
+        return names[max(tried)] if tried and self._is_open(names[max(tried)]) else None
+
+    def _advance(self) -> None:
+        """Move to the next phase that has something to do."""
+        self._sampler, self._phase_points, self._point_names = None, {}, {}
+        self._phase = _PHASES[_PHASES.index(self._phase) + 1]
+        if self._phase is Phase.micro_batch:
+            self._start_micro_batch_phase()
+        elif self._phase is Phase.knobs:
+            self._start_knob_phase()
+        elif self._phase is Phase.remeasure:
+            self._start_remeasure()
+        elif not self._stop_reason:
+            self._stop_reason = "search space exhausted"
+
+    def _start_micro_batch_phase(self) -> None:
+        subspaces, names = [], {}
+        for plan in self._space.plans:
+            largest = self._largest_fit(plan)
+            if largest is None:
+                self._pruned.setdefault(plan.variant.label, "no micro-batch ran ok")
+                continue
+            sizes = [s for s in plan.ladder if s <= largest][-plan.num_micro_batches :]
+            sizes.reverse()  # the grid tries large micro-batches (usually fastest) first
+            subspace = Subspace(plan.variant.label, ((MICRO_BATCH_KEY, tuple(sizes)),))
+            subspaces.append(subspace)
+            for point in subspace.points():
+                names[point] = self._name(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
+        self._start_sampler(subspaces, names)
+
+    def _start_knob_phase(self) -> None:
+        subspaces, names = [], {}
+        for plan in self._space.plans:
+            size = self._best_micro_batch(plan)
+            if size is None or not plan.knobs:
+                continue
+            subspace = Subspace(plan.variant.label, plan.knobs)
+            subspaces.append(subspace)
+            for point in subspace.points():
+                names[point] = self._register(plan.variant, size, point.values)
+        self._start_sampler(subspaces, names)
+
+    def _start_sampler(self, subspaces: list[Subspace], names: dict[Point, str]) -> None:
+        """Make the phase's sampler and tell it the results it already has (a resumed run)."""
+        if not subspaces:
+            return
+        self._stop_reason = ""  # each search phase ends for its own reason
+        self._sampler = make_sampler(
+            self._tuning.tuner_type,
+            subspaces,
+            seed=self._tuning.seed + _PHASES.index(self._phase),
+            storage=self._storage,
+            study_name=f"autotune-{self._phase.value}",
+        )
+        self._point_names = names
+        self._phase_points = {name: point for point, name in names.items()}
+        for name in self._order:
+            if name in self._phase_points:
+                self._tell_sampler(self._phase_points[name], self._results[name])
+
+    def _start_remeasure(self) -> None:
+        # Only original measurements: replayed repeats must not change which ones are repeated.
+        ranking = rank((self._results[n] for n in self._search_results()), self._tuning.metric)
+        top = [r.name for r in ranking if r.name in self._entries][: self._tuning.num_remeasure]
+        # Round by round (every r1, then every r2) so slow drift of the machine hits all alike.
+        self._repeats = [
+            repeat_name(name, index) for index in range(1, self._num_repeats + 1) for name in top
+        ]
+
+    def _finish(self, reason: str) -> None:
+        self._phase, self._sampler, self._stop_reason = Phase.done, None, reason
+
+    # --- bookkeeping --------------------------------------------------------------------------
+
+    def _candidate(self, name: str) -> Candidate | None:
+        """The experiment for ``name``; None (and pruned) if its config breaks a rule."""
+        base, _ = split_repeat(name)
+        entry = self._entries[base]
+        try:
+            ds_config = self._ds_config(entry.overrides)
+        except ConfigError as err:
+            self._pruned[name] = str(err)
+            point = self._phase_points.get(name)
+            if point is not None and self._sampler is not None:
+                self._sampler.tell(point, None)
+            return None
+        return Candidate(
+            name=name,
+            overrides=entry.overrides,
+            ds_config=ds_config,
+            phase=self._phase,
+            repeat_of=base if base != name else None,
+        )
+
+    def _ds_config(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        ds_config = self._config.with_overrides(overrides).to_dict()
+        ds_config.pop("autotuning", None)
+        return ds_config
+
+    def _register(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
+        name = self._name(variant, size, knobs)
+        if name not in self._entries:
+            overrides = self._space.overrides(variant, size, dict(knobs))
+            self._entries[name] = _Entry(variant, size, knobs, overrides)
+            self._note_oom(name)
+        return name
+
+    def _name(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
+        return self._space.name(self._space.overrides(variant, size, dict(knobs)))
+
+    def _note_oom(self, name: str) -> None:
+        """Remember the smallest micro-batch that ran out of memory, per variant and knobs."""
+        entry, result = self._entries.get(name), self._results.get(name)
+        if entry is None or result is None or result.status is not Status.oom:
+            return
+        key = (entry.variant, entry.knobs)
+        floor = self._oom_floor.get(key)
+        if floor is None or entry.micro_batch_size < self._entries[floor].micro_batch_size:
+            self._oom_floor[key] = name
+
+    def _oom_pruner(self, name: str) -> str | None:
+        """The experiment that ran out of memory at a micro-batch no larger than ``name``'s."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return None
+        floor = self._oom_floor.get((entry.variant, entry.knobs))
+        if floor is None or self._entries[floor].micro_batch_size > entry.micro_batch_size:
+            return None
+        return floor
+
+    def _pruned_by_oom(self) -> dict[str, str]:
+        return {
+            name: f"larger than {floor}, which ran out of memory"
+            for name in self._entries
+            if name not in self._results and (floor := self._oom_pruner(name)) is not None
+        }
+
+    def _is_open(self, name: str) -> bool:
+        """Not run, not in flight, not pruned."""
+        return self._is_free(name) and name not in self._pruned and not self._oom_pruner(name)
+
+    def _is_free(self, name: str) -> bool:
+        return name not in self._results and name not in self._pending
+
+    def _status(self, name: str) -> Status | None:
+        result = self._results.get(name)
+        return result.status if result is not None else None
+
+    def _largest_fit(self, plan: VariantPlan) -> int | None:
+        names = {size: self._name(plan.variant, size, ()) for size in plan.ladder}
+        return max((s for s, n in names.items() if self._status(n) is Status.ok), default=None)
+
+    def _best_micro_batch(self, plan: VariantPlan) -> int | None:
+        names = {self._name(plan.variant, s, ()): s for s in plan.ladder}
+        ranking = rank((self._results[n] for n in names if n in self._results), self._tuning.metric)
+        return names[ranking[0].name] if ranking else None
+
+    def _tell_sampler(self, point: Point, result: ExperimentResult) -> None:
+        assert self._sampler is not None
+        value = score(result.metrics, self._tuning.metric) if result.metrics and result.ok else None
+        self._sampler.tell(point, value, infeasible=result.status is Status.oom)
+
+    def _search_results(self) -> Iterable[str]:
+        return (n for n in self._order if split_repeat(n)[1] == 0)
+
+    def _search_budget_spent(self) -> bool:
+        in_flight = sum(1 for c in self._pending.values() if c.repeat_of is None)
+        spent = sum(1 for _ in self._search_results()) + in_flight
+        if spent < self._tuning.tuner_num_trials:
+            return False
+        self._stop_reason = f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
+        return True
+
+    def _since_best(self) -> int:
+        """Experiments of this phase told since the last new best (of any phase)."""
+        best: float | None = None
+        since = 0
+        for name in self._search_results():
+            result = self._results[name]
+            value = score(result.metrics, self._tuning.metric) if result.metrics else None
+            if result.ok and value is not None and (best is None or value > best):
+                best, since = value, 0
+            elif name in self._phase_points:
+                since += 1
+        return since

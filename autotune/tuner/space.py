@@ -1,0 +1,360 @@
+"""What the tuner may try: stages, micro-batch sizes and per-stage knobs, from the user's config.
+
+Defaults, each replaced by a list the user gives at that key:
+
+- **stages**: the user's stage if the config sets one, otherwise all four (as DeepSpeed's
+  autotuner does); ``"all"`` or a list searches those.
+- **micro-batch sizes**: tuned unless the config fixes them (a micro-batch, or a global batch
+  with accumulation). The search descends a ladder of sizes, each about half the previous,
+  from the memory estimate's largest fit (or the largest allowed, without an estimate); the
+  ``num_tuning_micro_batch_sizes`` largest that fit are compared. A fixed
+  ``train_batch_size`` admits only sizes that divide it (accumulation is derived); otherwise
+  ``max_train_batch_size`` bounds the global batch.
+- **knobs** (``fast: false`` only): stage 1 ``reduce_bucket_size`` and
+  ``allgather_bucket_size``; stage 2 adds ``overlap_comm``, ``reduce_scatter`` and
+  ``contiguous_gradients``; stage 3 tunes its own ``stage3_*`` sizes instead. Sizes at or above
+  the model's parameter count all behave alike (one bucket holds everything), so they collapse
+  into one and fractions of the model take their place. Knobs the user lists are searched even
+  with ``fast: true``, at every stage whose engine reads them.
+- **offload**: a stage that cannot fit even at the smallest micro-batch is tried with the
+  optimizer offloaded to CPU, if that fits.
+
+Everything else in the user's config is kept in every candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import Config, ConfigError, OffloadDevice
+from autotune.tuner.memory import DEFAULT_MARGIN_FRACTION, MemoryEstimate, estimate_memory
+from autotune.tuner.naming import (
+    ABBREVIATIONS,
+    ACCUMULATION_KEY,
+    MICRO_BATCH_KEY,
+    OFFLOAD_KEY,
+    STAGE_KEY,
+    candidate_name,
+)
+
+if TYPE_CHECKING:
+    from autotune.profiling.model_info import ModelInfo
+
+ALL_STAGES = (0, 1, 2, 3)
+_Z = "zero_optimization."
+
+# The stages at which this project's engine reads each knob: a knob the user lists is tuned
+# there and left at its first value elsewhere.
+KNOB_STAGES: dict[str, frozenset[int]] = {
+    ACCUMULATION_KEY: frozenset(ALL_STAGES),
+    _Z + "reduce_bucket_size": frozenset(ALL_STAGES),
+    _Z + "overlap_comm": frozenset(ALL_STAGES),
+    _Z + "allgather_bucket_size": frozenset({1, 2}),
+    _Z + "reduce_scatter": frozenset({1, 2, 3}),
+    _Z + "contiguous_gradients": frozenset({2, 3}),
+    _Z + "allgather_partitions": frozenset({1, 2}),
+    _Z + "round_robin_gradients": frozenset({1, 2}),
+    _Z + "stage3_prefetch_bucket_size": frozenset({3}),
+    _Z + "stage3_param_persistence_threshold": frozenset({3}),
+    _Z + "stage3_max_live_parameters": frozenset({3}),
+    _Z + "stage3_max_reuse_distance": frozenset({3}),
+    _Z + "sub_group_size": frozenset({3}),
+}
+
+_BUCKETS = (50_000_000, 500_000_000, 1_000_000_000)  # DeepSpeed's autotuner's bucket sizes
+_SWITCHES = (True, False)
+
+
+def default_knobs(stage: int, num_params: int | None) -> dict[str, tuple[Any, ...]]:
+    """The knobs tuned by default at ``stage`` (``fast: false``) and the values tried.
+
+    Example:
+        >>> default_knobs(1, num_params=10_000_000)["zero_optimization.reduce_bucket_size"]
+        (500000, 2000000, 10000000)
+    """
+    buckets = size_grid(num_params, _BUCKETS)
+    if stage == 1:
+        return {_Z + "reduce_bucket_size": buckets, _Z + "allgather_bucket_size": buckets}
+    if stage == 2:
+        return {
+            **default_knobs(1, num_params),
+            _Z + "overlap_comm": _SWITCHES,
+            _Z + "reduce_scatter": _SWITCHES,
+            _Z + "contiguous_gradients": _SWITCHES,
+        }
+    if stage == 3:
+        return {
+            _Z + "stage3_prefetch_bucket_size": size_grid(
+                num_params, (5_000_000, 50_000_000, 500_000_000)
+            ),
+            _Z + "stage3_param_persistence_threshold": (10_000, 100_000, 1_000_000),
+            _Z + "stage3_max_live_parameters": size_grid(
+                num_params, (100_000_000, 500_000_000, 1_000_000_000)
+            ),
+        }
+    return {}
+
+
+def size_grid(num_params: int | None, reference: tuple[int, ...]) -> tuple[int, ...]:
+    """Element counts to try for a bucket-like knob on a model of ``num_params`` parameters.
+
+    Sizes at or above the model's size behave alike, so they collapse into one (the model's
+    size rounded up to 1, 2 or 5 × 10^k) and quarters below it keep the grid as long.
+
+    Example:
+        >>> size_grid(10**10, (5 * 10**7, 10**9)), size_grid(3 * 10**6, (5 * 10**7, 10**9))
+        ((50000000, 1000000000), (1000000, 5000000))
+    """
+    if num_params is None or max(reference) < num_params:
+        return reference
+    whole = _nice(num_params, up=True)
+    values = {v for v in reference if v < whole} | {whole}
+    while len(values) < len(reference):
+        smaller = _nice(max(1, min(values) // 4), up=False)
+        if smaller in values:
+            break
+        values.add(smaller)
+    return tuple(sorted(values))
+
+
+def _nice(value: int, up: bool) -> int:
+    """The nearest of 1, 2, 5 × 10^k above (``up``) or below ``value``."""
+    ladder = sorted(m * 10**k for k in range(len(str(value)) + 1) for m in (1, 2, 5))
+    if up:
+        return next(v for v in ladder if v >= value)
+    return max(v for v in ladder if v <= value)
+
+
+@dataclass(frozen=True, order=True)
+class Variant:
+    """A ZeRO stage, with or without the optimizer offloaded to CPU: what memory decides on."""
+
+    stage: int
+    offload_optimizer: bool = False
+
+    @property
+    def label(self) -> str:
+        """``z2``, or ``z2_ocpu`` with the optimizer offloaded."""
+        return f"z{self.stage}" + ("_ocpu" if self.offload_optimizer else "")
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """How one variant is searched.
+
+    Attributes:
+        variant: the stage and offload choice.
+        ladder: micro-batch sizes the search may visit, ascending.
+        start: where the search for the largest micro-batch that fits begins.
+        num_micro_batches: how many of the largest sizes that fit are compared.
+        knobs: the knobs tuned after the micro-batch, each with the values tried.
+        estimate: the memory estimate, when the model and a device budget are known.
+    """
+
+    variant: Variant
+    ladder: tuple[int, ...]
+    start: int
+    num_micro_batches: int
+    knobs: tuple[tuple[str, tuple[Any, ...]], ...]
+    estimate: MemoryEstimate | None = None
+
+
+@dataclass(frozen=True)
+class TuningSpace:
+    """Every variant worth trying, and how a candidate becomes config overrides and a name.
+
+    Attributes:
+        plans: one per variant tried, in stage order.
+        fixed: overrides every candidate carries (the first value of a list the user gave at a
+            key that is not being tuned there), so every candidate is a concrete config.
+        base: the user's value at every key a candidate may set (for names).
+        pruned: variant label → why it is not tried.
+    """
+
+    plans: tuple[VariantPlan, ...]
+    fixed: Mapping[str, Any]
+    base: Mapping[str, Any]
+    pruned: Mapping[str, str] = field(default_factory=dict)
+
+    def overrides(
+        self, variant: Variant, micro_batch_size: int, knobs: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The dotted-key overrides of one candidate."""
+        return _overrides(self.fixed, variant, micro_batch_size, knobs or {})
+
+    def name(self, overrides: Mapping[str, Any]) -> str:
+        return candidate_name(overrides, self.base)
+
+
+def build_space(
+    config: Config,
+    model_info: ModelInfo | None = None,
+    device_memory_bytes: int | None = None,
+    margin_fraction: float = DEFAULT_MARGIN_FRACTION,
+) -> TuningSpace:
+    """The search space for ``config`` (see the module docstring for the rules).
+
+    Args:
+        config: the user's config, search lists included.
+        model_info: the workload's sizes; without it there is no memory estimate and the
+            micro-batch search starts from the largest allowed size.
+        device_memory_bytes: the per-rank device budget; without it, no memory estimate.
+        margin_fraction: share of the budget the estimate leaves free.
+
+    Raises:
+        ConfigError: if no micro-batch size satisfies the batch limits.
+
+    Example:
+        >>> from autotune.config import load_config
+        >>> space = build_space(load_config({"zero_optimization": {"stage": [1, 2]}}, 2))
+        >>> [p.variant.label for p in space.plans], space.plans[0].ladder[-3:]
+        (['z1', 'z2'], (256, 512, 1024))
+    """
+    searched = config.search_space
+    fixed = {k: v[0] for k, v in searched.items() if k not in (STAGE_KEY, MICRO_BATCH_KEY)}
+    base = {**_current_values(config), **fixed}
+    user_offload = config.zero_optimization.optimizer_offload_device is OffloadDevice.cpu
+    sizes, user_chose_sizes = micro_batch_sizes(config)
+    num_params = model_info.num_params if model_info is not None else None
+
+    plans: list[VariantPlan] = []
+    pruned: dict[str, str] = {}
+    for stage in _stages(config):
+        variant = Variant(stage, user_offload)
+        estimate = None
+        if model_info is not None and device_memory_bytes is not None:
+            estimate = estimate_memory(
+                model_info, config, stage, user_offload, device_memory_bytes, margin_fraction
+            )
+            if not estimate.fits(sizes[0]) and not user_offload and stage > 0:
+                offloaded = estimate_memory(
+                    model_info, config, stage, True, device_memory_bytes, margin_fraction
+                )
+                if offloaded.fits(sizes[0]):
+                    pruned[variant.label] = f"{estimate.explain(sizes[0])}; offloading instead"
+                    variant, estimate = Variant(stage, True), offloaded
+            if not estimate.fits(sizes[0]):
+                pruned[variant.label] = estimate.explain(sizes[0])
+                continue
+        largest = estimate.max_micro_batch_size(sizes[-1]) if estimate else sizes[-1]
+        start = max((s for s in sizes if s <= largest), default=sizes[0])
+        ladder = sizes if user_chose_sizes else _ladder(sizes, start)
+        try:
+            config.with_overrides(_overrides(fixed, variant, start, {}))
+        except ConfigError as err:
+            pruned[variant.label] = str(err)
+            continue
+        knobs = _knob_dims(config, stage, num_params)
+        count = len(ladder) if user_chose_sizes else config.autotuning.num_tuning_micro_batch_sizes
+        plans.append(VariantPlan(variant, ladder, start, count, knobs, estimate))
+    return TuningSpace(tuple(plans), fixed, base, pruned)
+
+
+def _overrides(
+    fixed: Mapping[str, Any], variant: Variant, micro_batch_size: int, knobs: Mapping[str, Any]
+) -> dict[str, Any]:
+    result = {**fixed, STAGE_KEY: variant.stage, MICRO_BATCH_KEY: micro_batch_size}
+    if variant.offload_optimizer:
+        result[OFFLOAD_KEY] = OffloadDevice.cpu.value
+    return {**result, **knobs}
+
+
+def micro_batch_sizes(config: Config) -> tuple[tuple[int, ...], bool]:
+    """The micro-batch sizes allowed, ascending, and whether the user chose them explicitly.
+
+    Raises:
+        ConfigError: if the batch limits leave no size.
+    """
+    listed = config.search_space.get(MICRO_BATCH_KEY)
+    if listed:
+        return tuple(sorted(listed)), True
+    spec = config.spec()
+    triad = ("train_batch_size", MICRO_BATCH_KEY, ACCUMULATION_KEY)
+    given: dict[str, int] = {k: spec[k] for k in triad if isinstance(spec.get(k), int)}
+    micro = config.train_micro_batch_size_per_gpu
+    if isinstance(micro, int) and (MICRO_BATCH_KEY in given or len(given) >= 2):
+        return (micro,), True  # the user's config determines it
+    tuning, n = config.autotuning, config.world_size
+    global_batch = given.get("train_batch_size")
+    accumulation = given.get(ACCUMULATION_KEY, 1)
+
+    def allowed(size: int) -> bool:
+        if global_batch is not None:  # accumulation is derived, so the size must divide it
+            return global_batch % (size * n) == 0
+        total = size * accumulation * n
+        limit = tuning.max_train_batch_size
+        return total >= tuning.min_train_batch_size and (limit is None or total <= limit)
+
+    lo, hi = tuning.min_train_micro_batch_size_per_gpu, tuning.max_train_micro_batch_size_per_gpu
+    sizes = tuple(s for s in range(lo, hi + 1) if allowed(s))
+    if not sizes:
+        raise ConfigError(
+            "autotuning.max_train_micro_batch_size_per_gpu",
+            f"no micro-batch size in [{lo}, {hi}] fits the batch limits (train_batch_size "
+            f"{global_batch}, max_train_batch_size {tuning.max_train_batch_size}, world size {n})",
+        )
+    return sizes, False
+
+
+def _ladder(sizes: tuple[int, ...], start: int) -> tuple[int, ...]:
+    """Sizes from ``sizes``, each about half the previous, from ``start`` down to the smallest.
+
+    Halving keeps the search short: the throughput curve flattens, so sizes in between rarely
+    matter, and a failure at the start costs a logarithmic number of runs.
+    """
+    chain = [start]
+    while below := [s for s in sizes if s <= chain[-1] // 2]:
+        chain.append(max(below))
+    return tuple(sorted(chain))
+
+
+def _stages(config: Config) -> tuple[int, ...]:
+    listed = config.search_space.get(STAGE_KEY)
+    if listed:
+        return tuple(sorted(listed))
+    if "stage" in (config.spec().get("zero_optimization") or {}):
+        return (config.zero_optimization.stage,)
+    return ALL_STAGES
+
+
+def _knob_dims(
+    config: Config, stage: int, num_params: int | None
+) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """Knobs tuned at ``stage``: the defaults (unless fast), replaced by the user's lists."""
+    dims = {} if config.autotuning.fast else default_knobs(stage, num_params)
+    current = _current_values(config)
+    for key, values in dims.items():
+        dims[key] = _prefer_current(values, current[key], num_params)
+    for key, values in config.search_space.items():
+        if stage in KNOB_STAGES.get(key, ()):
+            dims[key] = values
+    order = list(ABBREVIATIONS)
+    return tuple(sorted(dims.items(), key=lambda item: order.index(item[0])))
+
+
+def _prefer_current(
+    values: tuple[Any, ...], current: Any, num_params: int | None
+) -> tuple[Any, ...]:
+    """``values`` with the config's own size standing in for the one it behaves like.
+
+    A size at or above the model's behaves as the grid's largest does; using the config's
+    spelling keeps that point's name equal to the micro-batch phase's, so it is not run twice.
+    """
+    if num_params is None or not isinstance(current, int) or isinstance(current, bool):
+        return values
+    if current < num_params or values[-1] < num_params:
+        return values
+    return (*values[:-1], current)
+
+
+def _current_values(config: Config) -> dict[str, Any]:
+    """The config's value at every key a candidate may set."""
+    values: dict[str, Any] = {OFFLOAD_KEY: config.zero_optimization.optimizer_offload_device.value}
+    for key in KNOB_STAGES:
+        node: Any = config
+        for part in key.split("."):
+            node = getattr(node, part)
+        values[key] = node
+    return values

@@ -1,0 +1,67 @@
+"""What a tuning run found, as plain data the results package writes out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.config import Metric
+from autotune.tuner.ranking import Ranked
+
+
+@dataclass(frozen=True)
+class TuningSummary:
+    """The outcome of a tuning run (or of the run so far).
+
+    Attributes:
+        metric: what was optimised.
+        ranking: every configuration that ran ok, best first (median of its measurements).
+        best: the declared best: the top re-measured configuration when any were re-measured
+            (a single lucky measurement cannot win), else the top of ``ranking``.
+        best_overrides: the dotted-key values that make the user's config the best one.
+        best_per_variant: the best configuration of each ZeRO variant (``z2``, ``z3_ocpu``).
+        top_two_within_noise: whether the best and the runner-up among the re-measured have
+            overlapping measurements (None with fewer than two).
+        num_run: experiments that ran, re-measurements included.
+        num_failed: experiments that ran and did not end ``ok``.
+        pruned: configurations and variants never run, each with the reason.
+        failed: experiments that did not end ``ok``: ``"oom: ..."``, ``"error: ..."``.
+        tuning_time_s: wall time, across resumed runs.
+        stop_reason: why the search ended.
+    """
+
+    metric: Metric
+    ranking: tuple[Ranked, ...]
+    best: Ranked | None
+    best_overrides: Mapping[str, Any]
+    best_per_variant: Mapping[str, Ranked]
+    top_two_within_noise: bool | None
+    num_run: int
+    num_failed: int
+    pruned: Mapping[str, str] = field(default_factory=dict)
+    failed: Mapping[str, str] = field(default_factory=dict)
+    tuning_time_s: float = 0.0
+    stop_reason: str = ""
+
+    @property
+    def num_pruned(self) -> int:
+        return len(self.pruned)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "metric": self.metric.value,
+            "best": self.best.to_dict() if self.best else None,
+            "best_overrides": dict(self.best_overrides),
+            "top_two_within_noise": self.top_two_within_noise,
+            "best_per_variant": {k: v.to_dict() for k, v in self.best_per_variant.items()},
+            "ranking": [r.to_dict() for r in self.ranking],
+            "num_run": self.num_run,
+            "num_pruned": self.num_pruned,
+            "num_failed": self.num_failed,
+            "pruned": dict(self.pruned),
+            "failed": dict(self.failed),
+            "tuning_time_s": self.tuning_time_s,
+            "stop_reason": self.stop_reason,
+        }

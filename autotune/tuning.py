@@ -1,0 +1,205 @@
+"""The tuning loop: the tuner proposes, a runner runs, the results directory remembers.
+
+This is the one place the three meet. Resuming is replaying: every experiment in the log is
+told to a fresh tuner before it is asked for anything, so a finished experiment is never
+run again and an interrupted one (no log line) is simply proposed again.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.config import Config
+from autotune.experiment import ExperimentResult, ExperimentSpec
+from autotune.results import ResultsDir
+from autotune.tuner import Candidate, Tuner, TuningSummary
+
+
+class Runner(Protocol):
+    """Anything that turns an ExperimentSpec into an ExperimentResult without raising."""
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult: ...
+
+
+@dataclass(frozen=True)
+class TuningJob:
+    """What to tune and where to keep the results.
+
+    Attributes:
+        config: the user's config (search lists and ``autotuning`` section included).
+        workload: a built-in workload name or ``package.module:function``.
+        workload_args: the workload's keyword arguments.
+        results_dir: where results live; the same directory resumes.
+        device_memory_bytes: per-rank memory budget (None: the config's, else the device's).
+        overwrite: discard a previous run's results in ``results_dir``.
+        cpus_per_rank: cores (torch threads) each rank gets.
+    """
+
+    config: Config
+    workload: str = "gpt"
+    workload_args: Mapping[str, Any] = field(default_factory=dict)
+    results_dir: Path = Path("autotune_results")
+    device_memory_bytes: int | None = None
+    overwrite: bool = False
+    cpus_per_rank: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    @property
+    def memory_budget(self) -> int | None:
+        return self.device_memory_bytes or self.config.device_memory_bytes
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What makes two runs the same job (``tuned``) and what merely ran it (``versions``).
+
+        The ``autotuning`` section is left out of ``tuned``, except the profile window:
+        raising ``tuner_num_trials`` or changing the metric continues a run, while changing
+        how experiments are measured starts a different one.
+        """
+        import torch
+
+        import autotune
+
+        base = self.config.to_dict()
+        tuning = base.pop("autotuning", {})
+        window = {k: tuning[k] for k in ("start_profile_step", "end_profile_step") if k in tuning}
+        return {
+            "tuned": {
+                "workload": self.workload,
+                "workload_args": dict(self.workload_args),
+                "world_size": self.world_size,
+                "device_memory_bytes": self.memory_budget,
+                "base_config": base,
+                "profile_window": window,
+            },
+            "versions": {
+                "autotune": autotune.__version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class TuningEvent:
+    """Progress, for displays: an experiment started or finished."""
+
+    kind: str  # "resumed" | "started" | "finished"
+    candidate: Candidate | None
+    result: ExperimentResult | None
+    summary: TuningSummary
+
+
+@dataclass(frozen=True)
+class TuningReport:
+    """The end of a run: what was found and where it was written."""
+
+    summary: TuningSummary
+    results_dir: Path
+    optimal_config_path: Path | None
+    num_resumed: int
+    num_run_now: int
+
+
+def tune(
+    job: TuningJob, runner: Runner, on_event: Callable[[TuningEvent], None] | None = None
+) -> TuningReport:
+    """Run (or resume) a tuning job to the end.
+
+    Raises:
+        WorkloadError: the workload spec or its arguments are unusable (before any experiment).
+        ResultsDirError / ResultsLockedError: the results directory cannot be used.
+        ConfigError: the config leaves nothing to search.
+    """
+    from autotune.profiling import model_info
+    from autotune.workloads import check_workload, resolve_workload
+
+    check_workload(job.workload, job.workload_args, seed=job.config.autotuning.seed)
+    info = model_info(resolve_workload(job.workload, job.workload_args, seed=0), 1)
+    notify = on_event or (lambda event: None)
+    with ResultsDir.open(job.results_dir, job.fingerprint(), overwrite=job.overwrite) as results:
+        tuner = Tuner(
+            job.config,
+            info,
+            device_memory_bytes=job.memory_budget,
+            storage=results.study_url,
+        )
+        history = results.results()
+        for past in history:
+            tuner.tell(past)
+        if history:
+            notify(TuningEvent("resumed", None, None, tuner.summary()))
+        run_now = 0
+        while (candidate := tuner.ask()) is not None:
+            spec = experiment_spec(job, candidate, info.flops_per_sample)
+            results.start(spec)
+            notify(TuningEvent("started", candidate, None, tuner.summary()))
+            result = runner.run(spec)
+            results.record(
+                spec, result, {"phase": candidate.phase.value, "repeat_of": candidate.repeat_of}
+            )
+            tuner.tell(result)
+            run_now += 1
+            notify(TuningEvent("finished", candidate, result, tuner.summary()))
+        summary = tuner.summary()
+        optimal = tuner.optimal_config()
+        optimal_path = results.write_optimal(optimal) if optimal is not None else None
+        results.write_summary(
+            {**summary.to_dict(), "optimal_config": str(optimal_path) if optimal_path else None},
+            format_summary(summary, optimal_path, job),
+        )
+    return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+
+
+def experiment_spec(
+    job: TuningJob, candidate: Candidate, flops_per_sample: float | None
+) -> ExperimentSpec:
+    tuning = job.config.autotuning
+    return ExperimentSpec(
+        name=candidate.name,
+        ds_config=dict(candidate.ds_config),
+        workload=job.workload,
+        workload_args=dict(job.workload_args),
+        world_size=job.world_size,
+        start_profile_step=tuning.start_profile_step,
+        end_profile_step=tuning.end_profile_step,
+        timeout_s=tuning.timeout_s,
+        device_memory_bytes=job.memory_budget,
+        seed=tuning.seed,
+        flops_per_sample=flops_per_sample,
+        cpus_per_rank=job.cpus_per_rank,
+    )
+
+
+def format_summary(summary: TuningSummary, optimal_path: Path | None, job: TuningJob) -> str:
+    """The human-readable summary written next to ``summary.json``."""
+    metric = summary.metric.value
+    lines = [
+        f"autotune: {job.workload} at world size {job.world_size}, metric {metric}",
+        f"experiments run: {summary.num_run} (failed {summary.num_failed}), "
+        f"pruned: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
+        f"stopped: {summary.stop_reason or 'search complete'}",
+    ]
+    if summary.best is None:
+        lines.append("no experiment ran ok: see the failures below")
+    else:
+        best = summary.best
+        lines.append(f"best: {best.name}  {metric} {best.value:.4g} (spread {best.spread:.0%})")
+        if summary.top_two_within_noise:
+            lines.append("note: the top two are within noise of each other")
+        if optimal_path is not None:
+            lines.append(f"optimal config: {optimal_path}")
+            lines.append(f"train with it: deepspeed train.py --deepspeed_config {optimal_path}")
+    if summary.best_per_variant:
+        lines.append("best per ZeRO variant:")
+        for variant, ranked in summary.best_per_variant.items():
+            lines.append(f"  {variant:12s} {ranked.name:40s} {metric} {ranked.value:.4g}")
+    for name, why in {**summary.failed, **summary.pruned}.items():
+        lines.append(f"  {name}: {why}")
+    return "\n".join(lines)

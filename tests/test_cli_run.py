@@ -1,0 +1,214 @@
+"""``autotune run / report / best`` as a user runs them: results, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.results import load_results
+
+pytestmark = pytest.mark.multirank
+runner = CliRunner()
+TINY = [
+    "-a",
+    "n_layer=1",
+    "-a",
+    "d_model=32",
+    "-a",
+    "n_head=2",
+    "-a",
+    "seq_len=16",
+    "-a",
+    "vocab=64",
+]
+
+
+def write_config(tmp_path: Path, **autotuning: Any) -> Path:
+    config = {
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "train_micro_batch_size_per_gpu": [1, 2],
+        "zero_optimization": {"stage": [1, 2]},
+        "autotuning": {
+            "start_profile_step": 1,
+            "end_profile_step": 2,
+            "tuner_type": "gridsearch",
+            "num_remeasure": 0,
+            "timeout_s": 90,
+            **autotuning,
+        },
+    }
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def run_args(config: Path, results: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "-c",
+        str(config),
+        "--results-dir",
+        str(results),
+        "--runner",
+        "local",
+        "--device-memory",
+        "1GiB",
+        "-q",
+        *TINY,
+        *extra,
+    ]
+
+
+def test_run_report_best_and_resume(tmp_path: Path) -> None:
+    config, results = write_config(tmp_path), tmp_path / "results"
+    first = runner.invoke(app, run_args(config, results))
+    assert first.exit_code == 0, first.output
+    assert "optimal config:" in first.stdout
+    frame = load_results(results)
+    assert set(frame["status"]) == {"ok"} and len(frame) >= 4
+    assert {1, 2} == set(frame["zero_stage"]) and {1, 2} == set(frame["micro_batch_size"])
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert "autotuning" not in optimal and optimal["optimizer"]["type"] == "AdamW"
+    assert optimal["train_batch_size"] == 2 * optimal["train_micro_batch_size_per_gpu"]
+    assert (results / "summary.txt").read_text().startswith("autotune: gpt at world size 2")
+
+    again = runner.invoke(app, run_args(config, results))
+    assert again.exit_code == 0, again.output
+    assert f"{len(frame)} experiments ({len(frame)} from earlier runs)" in again.stdout
+    assert len(load_results(results)) == len(frame)
+
+    best = runner.invoke(app, ["best", str(results)])
+    assert best.exit_code == 0 and best.stdout.strip() == str(results / "ds_config_optimal.json")
+    csv = runner.invoke(app, ["report", str(results), "--format", "csv"])
+    assert csv.exit_code == 0 and csv.stdout.startswith("name,status,zero_stage")
+    table = runner.invoke(app, ["report", str(results)])
+    assert table.exit_code == 0 and all(name in table.stdout for name in frame["name"])
+
+
+def _autotune(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_lines(log: Path, count: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and len(log.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{log} never reached {count} lines")
+
+
+def test_kill_9_mid_run_loses_nothing_and_resume_finishes(tmp_path: Path) -> None:
+    config, results = write_config(tmp_path), tmp_path / "results"
+    log = results / "experiments.jsonl"
+    driver = _autotune(*run_args(config, results))
+    _wait_for_lines(log, 1)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=30)
+    finished_before = [json.loads(line)["name"] for line in log.read_text().splitlines()]
+
+    resumed = _autotune(*run_args(config, results))
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    names = [json.loads(line)["name"] for line in log.read_text().splitlines()]
+    assert len(names) == len(set(names)), "an experiment ran twice"
+    assert names[: len(finished_before)] == finished_before
+    fresh = tmp_path / "fresh"
+    complete = runner.invoke(app, run_args(config, fresh))
+    assert complete.exit_code == 0
+    assert set(names) == set(load_results(fresh)["name"])
+
+
+def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
+    config, results = write_config(tmp_path), tmp_path / "results"
+    driver = _autotune(*run_args(config, results))
+    _wait_for_lines(results / "experiments.jsonl", 1)
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130
+    assert "run the same command to resume" in err and "Traceback" not in err
+    assert not (results / ".autotune.lock").exists()
+    assert len(load_results(results)) >= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-c", "/nonexistent/ds.json"], "config file not found"),
+        (["--metric", "speed"], "Invalid value for '--metric'"),
+        (["--workload", "no_such_module_xyz:build"], "no_such_module_xyz"),
+        (["--workload", "nonsense"], "nonsense"),
+        (["--device-memory", "lots"], "--device-memory"),
+        (["--workload-arg", "novalue"], "expected key=value"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "run",
+            "--results-dir",
+            str(tmp_path / "r"),
+            "--runner",
+            "local",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unwritable_results_dir_exits_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = write_config(tmp_path)
+    result = runner.invoke(app, run_args(config, blocker / "results"))
+    assert result.exit_code == 2
+    assert "cannot create results directory" in result.stderr
+
+
+def test_a_different_job_in_the_same_directory_is_refused(tmp_path: Path) -> None:
+    config, results = write_config(tmp_path), tmp_path / "results"
+    (results).mkdir()
+    (results / "fingerprint.json").write_text(json.dumps({"tuned": {"workload": "mlp"}}))
+    (results / "experiments.jsonl").write_text("")
+    result = runner.invoke(app, run_args(config, results))
+    assert result.exit_code == 2 and "different tuning job" in result.stderr
+
+
+def test_report_of_a_missing_directory_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "not an autotune results directory" in result.stderr
+    assert runner.invoke(app, ["best", str(tmp_path)]).exit_code == 2
+
+
+def test_flags_override_the_config(tmp_path: Path) -> None:
+    os.environ.pop("RAY_ADDRESS", None)
+    config, results = write_config(tmp_path, metric="throughput"), tmp_path / "results"
+    result = runner.invoke(
+        app, run_args(config, results, "--metric", "latency", "--num-trials", "2", "--fast")
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["metric"] == "latency" and summary["num_run"] == 2

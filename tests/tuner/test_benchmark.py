@@ -1,0 +1,51 @@
+"""model_based on a landscape shaped like real measurements: near the grid's best, in a quarter
+of the grid's experiments (median over 10 seeds)."""
+
+from __future__ import annotations
+
+import statistics
+
+from autotune.config import load_config
+from autotune.tuner import Tuner
+from tests.tuner.landscape import MODEL, Landscape, drive
+
+SEEDS = range(10)
+NUM_REMEASURE, NUM_REPEATS = 2, 2
+
+
+def tuner(
+    tuner_type: str, seed: int, num_trials: int, num_remeasure: int, patience: int = 10
+) -> Tuner:
+    raw = {
+        "autotuning": {
+            "fast": False,  # stages × micro-batches × every stage's knobs
+            "tuner_type": tuner_type,
+            "seed": seed,
+            "tuner_num_trials": num_trials,
+            "tuner_early_stopping": patience,
+            "num_remeasure": num_remeasure,
+            "max_train_micro_batch_size_per_gpu": 64,
+        }
+    }
+    budget = Landscape().budget_bytes
+    return Tuner(load_config(raw, 2), MODEL, device_memory_bytes=budget, num_repeats=NUM_REPEATS)
+
+
+def test_model_based_reaches_97_percent_of_the_grid_optimum_in_a_quarter_of_its_size() -> None:
+    truth = Landscape()  # noise-free: how good a configuration really is
+    grid = drive(tuner("gridsearch", 0, 10_000, 0, patience=10_000), Landscape(noise=0.03))
+    optimum = max(truth.throughput(c.ds_config) for c in grid if truth.run(c).ok)
+    allowed = len(grid) // 4  # every experiment counts, re-measurements included
+
+    ratios, used = [], []
+    for seed in SEEDS:
+        search = allowed - NUM_REMEASURE * NUM_REPEATS
+        model_based = tuner("model_based", seed, search, NUM_REMEASURE)
+        used.append(len(drive(model_based, Landscape(noise=0.03, seed=seed))))
+        best = model_based.optimal_config()
+        assert best is not None
+        ratios.append(truth.throughput(best) / optimum)
+
+    print(f"grid {len(grid)} experiments; model_based ratios {sorted(ratios)}, used {used}")
+    assert max(used) <= allowed
+    assert statistics.median(ratios) >= 0.97

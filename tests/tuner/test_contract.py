@@ -1,0 +1,100 @@
+"""The contract every tuner keeps, checked against a fake runner on a synthetic landscape."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from autotune.experiment import Status
+from autotune.tuner import Phase, Tuner, split_repeat
+from tests.tuner.conftest import small_config, small_tuner
+from tests.tuner.landscape import FakeClock, Landscape, drive
+
+
+def test_never_proposes_an_experiment_twice(tuner_type: str) -> None:
+    asked = drive(small_tuner(tuner_type), Landscape())
+    assert max(Counter(c.name for c in asked).values()) == 1
+
+
+def test_finds_the_optimum_of_a_small_landscape(tuner_type: str) -> None:
+    landscape = Landscape()
+    grid = drive(small_tuner("gridsearch", num_remeasure=0), landscape)
+    fitting = [c for c in grid if landscape.peak_bytes(c.ds_config) <= landscape.budget_bytes]
+    optimum = max(fitting, key=lambda c: landscape.throughput(c.ds_config))
+
+    tuner = small_tuner(tuner_type)
+    drive(tuner, landscape)
+    summary = tuner.summary()
+    assert summary.best is not None and summary.best.name == optimum.name
+    assert tuner.optimal_config() == optimum.ds_config
+    assert tuner.finished
+
+
+def test_tuner_num_trials_caps_the_search(tuner_type: str) -> None:
+    tuner = small_tuner(tuner_type, tuner_num_trials=7, num_remeasure=2)
+    asked = drive(tuner, Landscape())
+    assert sum(1 for c in asked if c.repeat_of is None) == 7
+    assert sum(1 for c in asked if c.repeat_of is not None) <= 2 * 2  # 2 configs × 2 repeats
+    assert "tuner_num_trials" in tuner.summary().stop_reason
+
+
+def test_wall_clock_budget_stops_proposing(tuner_type: str) -> None:
+    clock, landscape = FakeClock(), Landscape(duration_s=10.0)
+    tuner = small_tuner(tuner_type, clock=clock, time_budget_s=55.0)
+    asked = drive(tuner, landscape, clock=clock)
+    assert len(asked) == 6  # asked at t = 0, 10, ..., 50; at 60 the budget is spent
+    assert tuner.finished and "time budget" in tuner.summary().stop_reason
+    assert tuner.summary().tuning_time_s == 60.0
+
+
+def test_early_stopping_ends_a_phase_after_that_many_without_a_new_best(tuner_type: str) -> None:
+    patience = 2
+    tuner = small_tuner(tuner_type, tuner_early_stopping=patience, num_remeasure=0)
+    landscape = Landscape()
+    asked = drive(tuner, landscape)
+    full = drive(small_tuner(tuner_type, num_remeasure=0), landscape)
+    assert len(asked) < len(full)
+    best, since = 0.0, {phase: 0 for phase in Phase}
+    for candidate in asked:
+        result = landscape.run(candidate)
+        value = result.metrics.throughput if result.metrics else 0.0
+        if value > best:
+            best, since = value, {phase: 0 for phase in Phase}
+        else:
+            since[candidate.phase] += 1
+        # A phase may run past `patience` only before its sampler starts (the probes).
+        if candidate.phase is Phase.knobs:
+            assert since[Phase.knobs] <= patience
+
+
+def test_an_oom_prunes_every_larger_micro_batch_without_running_it(tuner_type: str) -> None:
+    # Without a memory estimate the search starts at the largest allowed micro-batch (64).
+    tuner = Tuner(small_config(tuner_type))  # no model info, no budget: no estimate
+    landscape = Landscape()
+    asked = drive(tuner, landscape)
+    ooms = [c for c in asked if landscape.run(c).status is Status.oom]
+    assert ooms, "the landscape's memory boundary was never hit"
+    for oom in ooms:
+        larger = [
+            c
+            for c in asked
+            if c.overrides.keys() == oom.overrides.keys()
+            and all(c.overrides[k] == v for k, v in oom.overrides.items() if "micro" not in k)
+            and c.micro_batch_size > oom.micro_batch_size
+            and asked.index(c) > asked.index(oom)
+        ]
+        assert larger == []
+    summary = tuner.summary()
+    assert summary.num_failed == len(ooms)
+    assert all(reason.startswith("oom") for reason in summary.failed.values())
+
+
+def test_remeasures_the_top_candidates_and_ranks_by_the_median(tuner_type: str) -> None:
+    tuner = small_tuner(tuner_type, num_remeasure=3)
+    asked = drive(tuner, Landscape(noise=0.2, seed=1))
+    repeats = [c for c in asked if c.phase is Phase.remeasure]
+    assert len(repeats) == 3 * 2
+    assert all(c.name == f"{c.repeat_of}_r{split_repeat(c.name)[1]}" for c in repeats)
+    summary = tuner.summary()
+    assert summary.best is not None and summary.best.num_measurements == 3
+    assert summary.best.name in {c.repeat_of for c in repeats}
+    assert summary.top_two_within_noise is not None
