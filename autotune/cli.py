@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotune.config import ConfigError
+from autotune.config import ConfigError, Metric, TunerType
 from autotune.config.sizes import format_size
 from autotune.defaults import (
     DEFAULT_CONFIG,
@@ -61,18 +61,6 @@ def validate(
         typer.echo(f"search space: {keys}", err=True)
     if not isinstance(cfg.train_micro_batch_size_per_gpu, int):
         typer.echo("batch size: left to the tuner (no micro-batch fixed)", err=True)
-
-
-class Metric(str, enum.Enum):
-    throughput = "throughput"
-    latency = "latency"
-    flops = "flops"
-
-
-class TunerType(str, enum.Enum):
-    gridsearch = "gridsearch"
-    random = "random"
-    model_based = "model_based"
 
 
 class ReportFormat(str, enum.Enum):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.engine.memory import model_state_bytes
+from autotune.engine.optimizers import optimizer_state_floats
 
 if TYPE_CHECKING:
     from autotune.config import Config
@@ -96,7 +97,7 @@ def estimate_memory(
         stage=stage,
         world_size=config.world_size,
         precision=config.precision,
-        optimizer_state_floats=optimizer_state_floats(config),
+        optimizer_state_floats=optimizer_state_floats(config.optimizer),
         offload_optimizer=offload_optimizer,
     )
     return MemoryEstimate(
@@ -105,19 +106,6 @@ def estimate_memory(
         budget_bytes=budget_bytes,
         margin_fraction=margin_fraction,
     )
-
-
-def optimizer_state_floats(config: Config) -> int:
-    """fp32 values of optimizer state per parameter: 2 for Adam-like, 1 or 0 for SGD."""
-    optimizer = config.optimizer
-    if optimizer is None:
-        return 2  # the engine's default optimizer is Adam
-    name = optimizer.type.lower()
-    if name == "sgd":
-        return 1 if optimizer.params.get("momentum", 0) else 0
-    if name in ("adagrad", "rmsprop"):
-        return 1
-    return 2
 
 
 def _gib(num_bytes: int) -> str:

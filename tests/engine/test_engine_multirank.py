@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import engine_cases as cases
 import pytest
 import torch
-from rank_pool import RankPool
+
+from tests.engine import engine_cases as cases
+from tests.engine.rank_pool import RankPool
 
 pytestmark = pytest.mark.multirank
 
