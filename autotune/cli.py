@@ -108,7 +108,7 @@ def run(
     ] = None,
     runner: Annotated[
         RunnerKind, typer.Option(case_sensitive=False, help="ray: warm actors; local: fresh.")
-    ] = RunnerKind.local,
+    ] = RunnerKind.ray,
     cpus_per_rank: Annotated[int, typer.Option(min=1)] = 1,
     seed: Annotated[int | None, typer.Option()] = None,
     quiet: Annotated[
@@ -168,7 +168,7 @@ def run(
     console = Console(stderr=False)
     try:
         with (
-            _make_runner(runner, job, ray_address) as experiment_runner,
+            _make_runner(runner, ray_address) as experiment_runner,
             Progress(console, quiet, cfg.autotuning.tuner_num_trials) as progress,
         ):
             report = tune(job, experiment_runner, on_event=progress)
@@ -190,7 +190,7 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _make_runner(kind: RunnerKind, job: object, ray_address: str | None) -> Any:
+def _make_runner(kind: RunnerKind, ray_address: str | None) -> Any:
     from autotune.runner import LocalRunner
 
     if kind is RunnerKind.local:

@@ -18,6 +18,7 @@ stage  parameters                    gradients                   optimizer (fp32
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -209,10 +210,18 @@ class ZeroEngine(nn.Module):
         self.memory.add("params", sum(tensor_bytes(t) for t in [*frozen, *self.module.buffers()]))
 
     def _grad_hook(self, index: int) -> Callable[[nn.Parameter], None]:
+        # Weak: the hook is held by the parameter on the C++ side, where the garbage collector
+        # cannot see a cycle back to the engine; a strong reference would keep every engine,
+        # model and process group of a long-lived (warm) process alive.
+        engine_ref = weakref.ref(self)
+
         def hook(param: nn.Parameter) -> None:
-            self.grads.on_grad(index, param)
-            if self.stage3 is not None:
-                self.stage3.grad_done(param)
+            engine = engine_ref()
+            if engine is None:
+                return
+            engine.grads.on_grad(index, param)
+            if engine.stage3 is not None:
+                engine.stage3.grad_done(param)
 
         return hook
 

@@ -4,8 +4,28 @@ Runners decide nothing about what to run; they turn an ExperimentSpec into an
 ExperimentResult and never raise for a failed experiment.
 """
 
+from typing import Any
+
 from autotune.runner.local import LocalRunner, free_port, run_local
 from autotune.runner.outcome import combine_outcomes
 from autotune.runner.rank import RankOutcome, run_rank
 
-__all__ = ["LocalRunner", "RankOutcome", "combine_outcomes", "free_port", "run_local", "run_rank"]
+
+def __getattr__(name: str) -> Any:
+    # Ray is heavy and imported in ray_runner only: load it when RayRunner is first asked for.
+    if name == "RayRunner":
+        from autotune.runner.ray_runner import RayRunner
+
+        return RayRunner
+    raise AttributeError(f"module 'autotune.runner' has no attribute {name!r}")
+
+
+__all__ = [
+    "LocalRunner",
+    "RankOutcome",
+    "RayRunner",
+    "combine_outcomes",
+    "free_port",
+    "run_local",
+    "run_rank",
+]

@@ -75,7 +75,7 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
         )
         outcome = _profiled_run(spec, rank, device, started)
     except BaseException as exc:  # a failed experiment is data, never a crash
-        outcome = _failure(rank, exc)
+        outcome = failure_outcome(rank, exc)
         if isinstance(exc, KeyboardInterrupt):
             raise
     finally:
@@ -168,7 +168,8 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
     )
 
 
-def _failure(rank: int, exc: BaseException) -> RankOutcome:
+def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:
+    """The outcome of a rank that raised ``exc``: oom or error, with its traceback's tail."""
     status = Status.oom if is_out_of_memory(exc) else Status.error
     lines = traceback.format_exception(exc)
     detail = "".join(lines).splitlines()[-TRACEBACK_LINES:]

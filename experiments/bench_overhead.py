@@ -1,0 +1,176 @@
+"""Per-experiment overhead: warm Ray actors vs a fresh ``torchrun`` launch per experiment.
+
+Overhead = an experiment's wall time (launch to verdict, as its runner sees it) minus the time
+spent inside its warm-up and profile window (``Timings.overhead_s``): process start-up, the
+torch import, the process group, building the workload and engine, and tear-down. DeepSpeed's
+autotuner pays a fresh launch per experiment; autotune keeps its rank processes warm.
+
+Both runners run the same experiment (the default ``gpt`` workload at world size 2),
+alternately, so that load from anything else on the machine falls on both alike.
+
+    python experiments/bench_overhead.py [--experiments 10]
+
+Prints a table and writes every figure to ``results/bench_overhead.json``. Targets (issue 5):
+median overhead <= 1.0 s with warm actors, and >= 5x less than fresh launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.runner import combine_outcomes, free_port, run_rank
+from autotune.runner.local import utc_now
+from autotune.runner.rank import RankOutcome
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "bench_overhead.json"
+TARGET_WARM_OVERHEAD_S = 1.0
+TARGET_RATIO = 5.0
+
+
+def benchmark_spec(name: str) -> ExperimentSpec:
+    """The default gpt workload, ZeRO-2, world size 2, the default profile window."""
+    return ExperimentSpec(
+        name=name,
+        ds_config={
+            "train_batch_size": 8,
+            "train_micro_batch_size_per_gpu": 4,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 2},
+        },
+        workload="gpt",
+        world_size=2,
+    )
+
+
+def run_torchrun(spec: ExperimentSpec) -> ExperimentResult:
+    """One experiment as DeepSpeed's autotuner runs it: a fresh ``torchrun`` job."""
+    with tempfile.TemporaryDirectory(prefix="bench-torchrun-") as folder:
+        spec_path = Path(folder) / "spec.json"
+        spec_path.write_text(json.dumps(spec.to_dict()))
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={spec.world_size}",
+            f"--master_port={free_port()}",
+            __file__,
+            "--rank-of",
+            str(spec_path),
+        ]
+        started_at, started = utc_now(), time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+        total_s = time.perf_counter() - started
+        outcomes = [_read_outcome(path) for path in sorted(Path(folder).glob("rank-*.json"))]
+    return combine_outcomes(spec.name, outcomes, started_at).with_timings(total_s=total_s)
+
+
+def torchrun_rank_main(spec_path: Path) -> None:
+    """Inside torchrun: run this process's rank and leave its outcome next to the spec."""
+    spec = ExperimentSpec(**json.loads(spec_path.read_text()))
+    rank = int(os.environ["RANK"])
+    # env:// is MASTER_ADDR / MASTER_PORT, through the store torchrun's agent already holds.
+    outcome = run_rank(spec, rank, "env://")
+    record = {**asdict(outcome), "status": outcome.status.value}
+    (spec_path.parent / f"rank-{rank}.json").write_text(json.dumps(record))
+
+
+def _read_outcome(path: Path) -> RankOutcome:
+    record = json.loads(path.read_text())
+    return RankOutcome(**{**record, "status": Status(record["status"])})
+
+
+def summarize(results: list[ExperimentResult]) -> dict[str, float]:
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    return {
+        "total_s": median([r.timings.total_s for r in results]),
+        "trained_s": median([r.timings.warmup_s + r.timings.window_s for r in results]),
+        "in_rank_startup_s": median([r.timings.startup_s for r in results]),
+        "overhead_s": median([r.timings.overhead_s for r in results]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", type=int, default=10)
+    parser.add_argument("--rank-of", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_of is not None:
+        torchrun_rank_main(args.rank_of)
+        return
+
+    from autotune.runner.ray_runner import RayRunner
+
+    runs: dict[str, list[ExperimentResult]] = {"ray_warm": [], "torchrun_fresh": []}
+    with RayRunner(num_cpus=2) as ray_runner:
+        # Starting the pool is paid once per tuning run, not per experiment.
+        first = ray_runner.run(benchmark_spec("pool-start"))
+        print(f"pool start (not counted): {first.timings.total_s:.2f} s", flush=True)
+        for index in range(args.experiments):
+            for name, run in (("ray_warm", ray_runner.run), ("torchrun_fresh", run_torchrun)):
+                result = run(benchmark_spec(f"{name}-{index}"))
+                if not result.ok:
+                    raise SystemExit(f"{result.name}: {result.error}\n{result.error_detail}")
+                runs[name].append(result)
+                print(
+                    f"{result.name:18} total {result.timings.total_s:6.2f} s  "
+                    f"overhead {result.timings.overhead_s:6.2f} s",
+                    flush=True,
+                )
+
+    summary = {name: summarize(results) for name, results in runs.items()}
+    ratio = summary["torchrun_fresh"]["overhead_s"] / summary["ray_warm"]["overhead_s"]
+    print()
+    print(f"median over {args.experiments} experiments, gpt (default) ZeRO-2, world size 2")
+    print(
+        f"{'runner':16} {'total':>8} {'warm-up+window':>15} {'overhead':>9} {'of it in rank':>14}"
+    )
+    for name, row in summary.items():
+        print(
+            f"{name:16} {row['total_s']:7.2f}s {row['trained_s']:14.2f}s "
+            f"{row['overhead_s']:8.2f}s {row['in_rank_startup_s']:13.2f}s"
+        )
+    print(f"fresh torchrun / warm Ray overhead: {ratio:.1f}x")
+    warm = summary["ray_warm"]["overhead_s"]
+    print(
+        f"targets: warm overhead <= {TARGET_WARM_OVERHEAD_S:g} s: "
+        f"{'met' if warm <= TARGET_WARM_OVERHEAD_S else 'MISSED'}; "
+        f"ratio >= {TARGET_RATIO:g}x: {'met' if ratio >= TARGET_RATIO else 'MISSED'}"
+    )
+
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "per-experiment overhead, warm Ray actors vs fresh torchrun",
+                "spec": benchmark_spec("benchmark").to_dict(),
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "recorded_at": utc_now(),
+                "median": summary,
+                "ratio": ratio,
+                "experiments": {
+                    name: [r.to_dict() for r in results] for name, results in runs.items()
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

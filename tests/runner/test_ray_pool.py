@@ -1,0 +1,161 @@
+"""The Ray pool's mechanics with a stand-in for run_rank: side by side, eviction, deaths
+between experiments, and that the driver stopping (exception, Ctrl-C) stops its actors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from autotune.experiment import ExperimentSpec, Metrics, Status
+from autotune.runner.rank import RankOutcome
+from autotune.runner.ray_runner import RayRunner
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
+    """Sleeps ``sleep_s`` and reports success; writes its pid to ``pid_dir`` if given."""
+    args = spec.workload_args
+    if "pid_dir" in args:
+        (Path(args["pid_dir"]) / f"{spec.name}-{rank}").write_text(str(os.getpid()))
+    started = time.perf_counter()
+    time.sleep(float(args.get("sleep_s", 0.0)))
+    window_s = time.perf_counter() - started
+    metrics = Metrics.from_window([window_s], 1, 1.0, 0).to_dict()
+    return RankOutcome(rank=rank, status=Status.ok, metrics=metrics, window_s=window_s)
+
+
+def stand_in(
+    name: str, world_size: int = 1, timeout_s: float = 60, **args: object
+) -> ExperimentSpec:
+    return ExperimentSpec(
+        name=name,
+        ds_config={},
+        workload="stand-in",
+        workload_args=args,
+        world_size=world_size,
+        start_profile_step=1,
+        end_profile_step=1,
+        timeout_s=timeout_s,
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(condition: object, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def runner(ray_cluster: str) -> Iterator[RayRunner]:
+    with RayRunner(rank_fn=stand_in_rank) as runner:
+        yield runner
+
+
+def warm_two_single_rank_gangs(runner: RayRunner) -> None:
+    assert all(r.ok for r in runner.run_many([stand_in("warm-a"), stand_in("warm-b")]))
+
+
+def test_independent_experiments_run_side_by_side(runner: RayRunner) -> None:
+    warm_two_single_rank_gangs(runner)
+    started = time.perf_counter()
+    results = list(runner.run_many([stand_in("a", sleep_s=3), stand_in("b", sleep_s=3)]))
+    elapsed = time.perf_counter() - started
+    assert [r.status for r in results] == [Status.ok, Status.ok]
+    assert elapsed < 5, f"two 3 s experiments on 2 CPUs took {elapsed:.1f} s"
+
+
+def test_an_exception_in_the_driver_stops_the_running_actors(
+    runner: RayRunner, tmp_path: Path
+) -> None:
+    warm_two_single_rank_gangs(runner)
+    specs = [stand_in("short", sleep_s=1), stand_in("long", sleep_s=600, pid_dir=str(tmp_path))]
+    with pytest.raises(RuntimeError, match="the driver fails"):
+        for _ in runner.run_many(specs):
+            raise RuntimeError("the driver fails")
+    long_pid = int((tmp_path / "long-0").read_text())
+    assert wait_for(lambda: not alive(long_pid)), "the running experiment's actor lives on"
+    assert len(runner.actors()) == 1  # the short experiment's gang is still warm
+
+
+def test_an_idle_gang_of_another_shape_makes_room(runner: RayRunner) -> None:
+    assert runner.run(stand_in("two-ranks", world_size=2)).ok  # holds both CPUs, idle
+    one = runner.run(stand_in("one-rank", world_size=1))
+    assert one.ok, one.error
+    assert [a.world_size for a in runner.actors()] == [1]
+
+
+def test_an_actor_that_died_while_idle_fails_one_experiment_and_is_replaced(
+    runner: RayRunner,
+) -> None:
+    assert runner.run(stand_in("warm", world_size=2)).ok
+    victim = next(a.pid for a in runner.actors() if a.rank == 0 and a.world_size == 2)
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: not alive(victim))
+    result = runner.run(stand_in("after-death", world_size=2))
+    assert result.status is Status.error
+    assert result.failed_rank == 0
+    assert result.error is not None and result.error.startswith("RankDied: rank 0")
+    again = runner.run(stand_in("replaced", world_size=2))
+    assert again.ok, again.error
+    assert victim not in {a.pid for a in runner.actors()}
+
+
+_CTRL_C_DRIVER = """
+import sys, time
+from autotune.runner.ray_runner import RayRunner
+from tests.runner.test_ray_pool import stand_in, stand_in_rank
+
+try:
+    with RayRunner(rank_fn=stand_in_rank) as runner:
+        list(runner.run_many([stand_in("long", sleep_s=600, pid_dir=sys.argv[1])]))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    time.sleep(600)  # the driver lives on: only the runner can have stopped the actor
+"""
+
+
+def test_ctrl_c_in_the_driver_stops_its_actors(
+    runner: RayRunner, ray_cluster: str, tmp_path: Path
+) -> None:
+    runner.release_idle()  # the driver below needs a CPU this module's runner may hold
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_CTRL_C_DRIVER), str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: (tmp_path / "long-0").exists(), timeout_s=60)
+        actor_pid = int((tmp_path / "long-0").read_text())
+        driver.send_signal(signal.SIGINT)
+        assert driver.stdout is not None
+        assert driver.stdout.readline().strip() == "interrupted"
+        assert wait_for(lambda: not alive(actor_pid)), "the actor outlived Ctrl-C"
+        assert driver.poll() is None
+    finally:
+        driver.kill()
+        driver.wait()
