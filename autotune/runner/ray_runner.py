@@ -577,7 +577,9 @@ def _connect(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
-    common: dict[str, Any] = {"log_to_driver": not quiet, "logging_level": logging.WARNING}
+    # Quiet: Ray's own start-up notices (auth tokens, dashboard) are not the user's business.
+    level = logging.ERROR if quiet else logging.WARNING
+    common: dict[str, Any] = {"log_to_driver": not quiet, "logging_level": level}
     if address:
         ray.init(address=address, **common)
         return False

@@ -51,6 +51,8 @@ class Phase(str, enum.Enum):
 
 
 _PHASES = list(Phase)
+# Re-measured configurations in all, as a multiple of num_remeasure (see _extend_remeasure).
+MAX_REMEASURE_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,10 @@ class Tuner:
     def _next_name(self) -> str | None:
         """The next name the current phase wants run, or None if it has nothing now."""
         if self._phase is Phase.remeasure:
-            return next((n for n in self._repeats if self._is_free(n)), None)
+            name = next((n for n in self._repeats if self._is_free(n)), None)
+            if name is None and not self._pending and self._extend_remeasure():
+                name = next((n for n in self._repeats if self._is_free(n)), None)
+            return name
         if self._search_budget_spent():
             return None
         if self._phase is Phase.max_micro_batch:
@@ -355,6 +360,28 @@ class Tuner:
         self._repeats = [
             repeat_name(name, index) for index in range(1, self._num_repeats + 1) for name in top
         ]
+
+    def _extend_remeasure(self) -> bool:
+        """Re-measure configurations that now outrank the re-measured ones; True if any.
+
+        Repeats pull lucky first measurements down to their median, so a configuration
+        measured once can overtake them; it earns repeats too, up to twice
+        ``num_remeasure`` configurations in all, so the declared best is one that was
+        repeated and no single lucky measurement stands above it unchecked.
+        """
+        limit = self._tuning.num_remeasure
+        repeated = {split_repeat(n)[0] for n in self._repeats}
+        ranking = [
+            r for r in rank(self._results.values(), self._tuning.metric) if r.name in self._entries
+        ]
+        newcomers = [r.name for r in ranking[:limit] if r.name not in repeated]
+        newcomers = newcomers[: max(0, MAX_REMEASURE_FACTOR * limit - len(repeated))]
+        self._repeats += [
+            repeat_name(name, index)
+            for index in range(1, self._num_repeats + 1)
+            for name in newcomers
+        ]
+        return bool(newcomers)
 
     def _finish(self, reason: str) -> None:
         self._phase, self._sampler, self._stop_reason = Phase.done, None, reason

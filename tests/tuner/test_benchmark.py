@@ -7,6 +7,7 @@ import statistics
 
 from autotune.config import load_config
 from autotune.tuner import Tuner
+from autotune.tuner.session import MAX_REMEASURE_FACTOR
 from tests.tuner.landscape import MODEL, Landscape, drive
 
 SEEDS = range(10)
@@ -39,7 +40,7 @@ def test_model_based_reaches_97_percent_of_the_grid_optimum_in_a_quarter_of_its_
 
     ratios, used = [], []
     for seed in SEEDS:
-        search = allowed - NUM_REMEASURE * NUM_REPEATS
+        search = allowed - MAX_REMEASURE_FACTOR * NUM_REMEASURE * NUM_REPEATS
         model_based = tuner("model_based", seed, search, NUM_REMEASURE)
         used.append(len(drive(model_based, Landscape(noise=0.03, seed=seed))))
         best = model_based.optimal_config()

@@ -6,6 +6,7 @@ from collections import Counter
 
 from autotune.experiment import Status
 from autotune.tuner import Phase, Tuner, split_repeat
+from autotune.tuner.session import MAX_REMEASURE_FACTOR
 from tests.tuner.conftest import small_config, small_tuner
 from tests.tuner.landscape import FakeClock, Landscape, drive
 
@@ -92,9 +93,12 @@ def test_remeasures_the_top_candidates_and_ranks_by_the_median(tuner_type: str) 
     tuner = small_tuner(tuner_type, num_remeasure=3)
     asked = drive(tuner, Landscape(noise=0.2, seed=1))
     repeats = [c for c in asked if c.phase is Phase.remeasure]
-    assert len(repeats) == 3 * 2
+    repeated = {c.repeat_of for c in repeats}
+    assert 3 <= len(repeated) <= MAX_REMEASURE_FACTOR * 3 and len(repeats) == 2 * len(repeated)
     assert all(c.name == f"{c.repeat_of}_r{split_repeat(c.name)[1]}" for c in repeats)
     summary = tuner.summary()
     assert summary.best is not None and summary.best.num_measurements == 3
-    assert summary.best.name in {c.repeat_of for c in repeats}
+    assert summary.best.name in repeated
+    if len(repeated) < MAX_REMEASURE_FACTOR * 3:  # no single measurement outranks the best
+        assert summary.ranking[0].name == summary.best.name
     assert summary.top_two_within_noise is not None
