@@ -76,3 +76,15 @@ def test_plots_draw(filled: ResultsDir) -> None:
     assert len(metric_vs_micro_batch(frame).get_lines()) == 2
     assert best_so_far(frame, "latency").get_title() == "best latency so far"
     assert throughput_vs_memory(frame).get_legend() is not None
+
+
+def test_plots_fold_repeats_into_the_median(results: ResultsDir) -> None:
+    results.record(make_spec("a", 1, 4), make_result("a", throughput=30))
+    for index, throughput in enumerate((10, 12), start=1):
+        name = f"a_r{index}"
+        results.record(
+            make_spec(name, 1, 4), make_result(name, throughput=throughput), {"repeat_of": "a"}
+        )
+    results.record(make_spec("b", 2, 4), make_result("b", throughput=14))
+    front = pareto_front(load_results(results.path))
+    assert list(front["name"]) == ["b"]  # a's median (12) no longer beats b
