@@ -17,7 +17,6 @@ from autotune.config import ConfigError, Metric, TunerType
 from autotune.config.sizes import format_size
 from autotune.defaults import (
     DEFAULT_CONFIG,
-    DEFAULT_CPU_DEVICE_MEMORY,
     DEFAULT_WORKLOAD,
     DEFAULT_WORLD_SIZE,
 )
@@ -145,8 +144,6 @@ def run(
         cfg = load_config(spec, world_size=world_size)
     except ConfigError as err:
         raise fail(str(err)) from None
-    if config is None and device_memory is None and not _has_cuda():
-        device_memory = DEFAULT_CPU_DEVICE_MEMORY
     try:
         budget = parse_size(device_memory) if device_memory is not None else None
     except ValueError as err:
@@ -184,12 +181,6 @@ def run(
     print_report(console, report)
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _make_runner(kind: RunnerKind, ray_address: str | None) -> Any:
     from autotune.runner import LocalRunner
 
@@ -214,11 +205,11 @@ def report(
     except (ResultsDirError, ValueError) as err:
         raise fail(str(err)) from None
     chosen = (metric.value if metric else None) or _recorded_metric(results_dir)
-    ascending = chosen == "latency"
-    ok_first = frame.assign(_ok=frame["status"] != "ok").sort_values(
-        ["_ok", chosen], ascending=[True, ascending], na_position="last"
+    ascending = Metric(chosen).lower_is_better
+    ok_first = frame.assign(_failed=frame["status"] != "ok").sort_values(
+        ["_failed", chosen], ascending=[True, ascending], na_position="last"
     )
-    frame = ok_first.drop(columns="_ok")
+    frame = ok_first.drop(columns="_failed")
     if format is ReportFormat.csv:
         typer.echo(frame.to_csv(index=False), nl=False)
     elif format is ReportFormat.json:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from autotune.config import Config
+from autotune.config import Config, parse_size
+from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
 from autotune.tuner import Candidate, Tuner, TuningSummary
@@ -53,7 +54,13 @@ class TuningJob:
 
     @property
     def memory_budget(self) -> int | None:
-        return self.device_memory_bytes or self.config.device_memory_bytes
+        """The per-rank budget: the flag's, else the config's, else on a machine without a
+        GPU a default that stands in for one (so the tuner meets out-of-memory boundaries
+        instead of growing micro-batches until the host runs out of RAM)."""
+        budget = self.device_memory_bytes or self.config.device_memory_bytes
+        if budget is None and not _has_cuda():
+            budget = parse_size(DEFAULT_CPU_DEVICE_MEMORY)
+        return budget
 
     def fingerprint(self) -> dict[str, Any]:
         """What makes two runs the same job (``tuned``) and what merely ran it (``versions``).
@@ -117,11 +124,20 @@ def tune(
         ResultsDirError / ResultsLockedError: the results directory cannot be used.
         ConfigError: the config leaves nothing to search.
     """
-    from autotune.profiling import model_info
-    from autotune.workloads import check_workload, resolve_workload
+    from autotune.profiling.model_info import model_info
+    from autotune.workloads import WorkloadError, check_workload, resolve_workload
 
-    check_workload(job.workload, job.workload_args, seed=job.config.autotuning.seed)
-    info = model_info(resolve_workload(job.workload, job.workload_args, seed=0), 1)
+    seed = job.config.autotuning.seed
+    check_workload(job.workload, job.workload_args, seed=seed)
+    try:
+        info = model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
+    except WorkloadError:
+        raise
+    except Exception as err:  # the user's model failed a real forward/backward on CPU
+        raise WorkloadError(
+            f"workload {job.workload!r}: profiling one micro-batch failed: "
+            f"{type(err).__name__}: {err}"
+        ) from None
     notify = on_event or (lambda event: None)
     with ResultsDir.open(job.results_dir, job.fingerprint(), overwrite=job.overwrite) as results:
         tuner = Tuner(
@@ -155,6 +171,12 @@ def tune(
             format_summary(summary, optimal_path, job),
         )
     return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def experiment_spec(

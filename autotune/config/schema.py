@@ -413,6 +413,11 @@ class Metric(str, enum.Enum):
     latency = "latency"
     flops = "flops"
 
+    @property
+    def lower_is_better(self) -> bool:
+        """Latency is minimised; throughput and FLOPS are maximised."""
+        return self is Metric.latency
+
 
 class TunerType(str, enum.Enum):
     gridsearch = "gridsearch"

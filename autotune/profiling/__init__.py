@@ -1,11 +1,30 @@
 """Measuring experiments: FLOPs, activation memory, model info, and step-time statistics.
 
-Pure measurement: nothing here writes files.
+Pure measurement: nothing here writes files. The step statistics are importable without
+torch (experiment records use them); the torch-based parts load on first use.
 """
 
-from autotune.profiling.flops import count_train_flops, flops_per_micro_batch
-from autotune.profiling.model_info import ModelInfo, model_info, saved_activation_bytes
+from typing import Any
+
 from autotune.profiling.window import StepTimer, WindowStats, window_stats
+
+_TORCH_PARTS = {
+    "count_train_flops": "autotune.profiling.flops",
+    "flops_per_micro_batch": "autotune.profiling.flops",
+    "ModelInfo": "autotune.profiling.model_info",
+    "model_info": "autotune.profiling.model_info",
+    "saved_activation_bytes": "autotune.profiling.model_info",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _TORCH_PARTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotune.profiling' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "ModelInfo",

@@ -6,7 +6,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -35,15 +35,37 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
 def append_line(path: str | Path, line: str) -> None:
     """Append one line and fsync: after a crash the file ends in whole lines or a torn last one.
 
-    A torn last line (the write was cut) is what :func:`read_jsonl` skips.
+    :func:`read_jsonl` skips a torn last line, and the next append cuts it off first.
     """
     if "\n" in line:
         raise ValueError("a log line must not contain a newline")
     target = Path(path)
-    with target.open("a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+    with target.open("a+b") as handle:
+        _drop_torn_tail(handle)
+        handle.write(line.encode("utf-8") + b"\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _drop_torn_tail(handle: BinaryIO) -> None:
+    """Cut a line left unfinished by a crash, so the next record starts a line of its own.
+
+    The torn line was never committed (its experiment is re-run on resume), so nothing that
+    counted is lost.
+    """
+    size = handle.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    handle.seek(max(0, size - 65536))
+    tail = handle.read()
+    if tail.endswith(b"\n"):
+        return
+    cut = tail.rfind(b"\n")
+    keep = size - len(tail) + cut + 1 if cut >= 0 else 0
+    if cut < 0 and size > len(tail):
+        raise ValueError(f"{handle.name}: the last line is longer than 64 KiB and unfinished")
+    handle.truncate(keep)
+    handle.seek(keep)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

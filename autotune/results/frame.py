@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.loader import SEARCHABLE_KEYS
+from autotune.experiment import Timings
 from autotune.results.store import LOG_NAME, ResultsDir, ResultsDirError
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
         "error": record.get("error"),
         "started_at": record.get("started_at"),
         "duration_s": timings.get("total_s"),
-        "overhead_s": _overhead(timings),
+        "overhead_s": Timings(**timings).overhead_s if "total_s" in timings else None,
         "repeat_of": record.get("repeat_of"),
     }
     for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):
@@ -82,11 +83,3 @@ def _dig(config: dict[str, Any], dotted: str) -> Any:
             return None
         node = node[key]
     return node
-
-
-def _overhead(timings: dict[str, Any]) -> float | None:
-    if "total_s" not in timings:
-        return None
-    return max(
-        0.0, timings["total_s"] - timings.get("warmup_s", 0.0) - timings.get("window_s", 0.0)
-    )

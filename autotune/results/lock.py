@@ -1,7 +1,8 @@
-"""One run per results directory: a lock file naming its owner, taken over when stale."""
+"""One run per results directory: an advisory lock the kernel drops when its owner dies."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -18,46 +19,48 @@ class ResultsLockedError(RuntimeError):
 class DirectoryLock:
     """An exclusive lock on a results directory.
 
-    The lock is a file created with ``O_EXCL`` holding the owner's host and pid. A lock whose
-    process is gone (same host) is stale and is taken over, so ``kill -9`` never leaves a
-    directory unusable.
+    ``flock`` on a lock file: the kernel releases it when the owning process exits in any way
+    (``kill -9`` included), so a dead run never leaves a directory unusable and there is no
+    stale-lock race between two runs taking over. The file names the owner for the error
+    message only; it is never removed, so a waiting run cannot lock a file that is gone.
     """
 
     def __init__(self, directory: str | Path) -> None:
         self.path = Path(directory) / LOCK_NAME
-        self._held = False
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
 
     def acquire(self) -> None:
-        owner = {"host": socket.gethostname(), "pid": os.getpid()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self._holder()
-                if holder is not None and _alive(holder):
-                    raise ResultsLockedError(
-                        f"{self.path.parent} is in use by another autotune run "
-                        f"(pid {holder.get('pid')} on {holder.get('host')})"
-                    ) from None
-                self.path.unlink(missing_ok=True)  # stale: its owner is gone
-                continue
-            with os.fdopen(fd, "w") as handle:
-                json.dump(owner, handle)
-            self._held = True
-            return
-        raise ResultsLockedError(f"could not take the lock {self.path}")
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = self._holder()
+            raise ResultsLockedError(
+                f"{self.path.parent} is in use by another autotune run "
+                f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')})"
+            ) from None
+        owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner, 0)
+        self._fd = fd
 
     def release(self) -> None:
-        if self._held:
-            self.path.unlink(missing_ok=True)
-            self._held = False
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
 
-    def _holder(self) -> dict[str, object] | None:
+    def _holder(self) -> dict[str, object]:
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text() or "{}")
         except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+            return {}
+        return data if isinstance(data, dict) else {}
 
     def __enter__(self) -> DirectoryLock:
         self.acquire()
@@ -70,18 +73,3 @@ class DirectoryLock:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
-
-
-def _alive(holder: dict[str, object]) -> bool:
-    if holder.get("host") != socket.gethostname():
-        return True  # cannot tell for another host: assume it is running
-    pid = holder.get("pid")
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

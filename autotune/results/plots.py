@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autotune.config.schema import Metric
+
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
 
-LOWER_IS_BETTER = {"latency"}
 LABELS = {
     "throughput": "throughput (samples/s)",
     "latency": "latency (s/step)",
@@ -32,10 +33,11 @@ def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     if "repeat_of" not in ok.columns:
         return ok
     config = ok["repeat_of"].fillna(ok["name"])
-    metrics = ["throughput", "latency", "flops", "peak_memory_bytes"]
-    medians = ok.groupby(config)[metrics].median()
-    originals = ok[ok["name"].isin(medians.index)].set_index("name")
-    originals[metrics] = medians.loc[originals.index, metrics]
+    metrics = ["throughput", "latency", "flops"]
+    # Medians of the speed metrics; the largest peak memory, as the ranking reports it.
+    folded = ok.groupby(config).agg({m: "median" for m in metrics} | {"peak_memory_bytes": "max"})
+    originals = ok[ok["name"].isin(folded.index)].set_index("name")
+    originals[list(folded.columns)] = folded.loc[originals.index]
     return originals.reset_index()
 
 
@@ -45,7 +47,7 @@ def metric_vs_micro_batch(
     """One line per ZeRO stage: the metric against the micro-batch size (best knobs each)."""
     ax = _axes(ax)
     ok = _ok(frame)
-    best = max if metric not in LOWER_IS_BETTER else min
+    best = min if Metric(metric).lower_is_better else max
     for stage, group in ok.groupby("zero_stage"):
         points = group.groupby("micro_batch_size")[metric].agg(best).sort_index()
         ax.plot(points.index, points.values, marker="o", label=f"ZeRO {stage}")
@@ -62,7 +64,7 @@ def best_so_far(frame: pd.DataFrame, metric: str = "throughput", ax: Axes | None
     """The best metric found after each experiment: how fast the search paid off."""
     ax = _axes(ax)
     values = frame[metric].where(frame["status"] == "ok")
-    running = values.cummin() if metric in LOWER_IS_BETTER else values.cummax()
+    running = values.cummin() if Metric(metric).lower_is_better else values.cummax()
     numbers = range(1, len(frame) + 1)
     ax.step(numbers, running, where="post", label="best so far")
     ax.scatter(numbers, values, s=12, alpha=0.6, label="experiment")

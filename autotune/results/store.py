@@ -5,7 +5,7 @@ Layout::
     results_dir/
       fingerprint.json          what was tuned (workload, args, world size, base config, versions)
       experiments.jsonl         one line per finished experiment, any status, append-only
-      exps/<name>/ds_config.json, metrics.json, rank logs
+      exps/<name>/ds_config.json, spec.json, metrics.json, error.txt (first failing rank)
       ds_config_optimal.json    the best config, ready to train with
       summary.json, summary.txt
       study.db                  the model-based tuner's Optuna study
@@ -143,7 +143,9 @@ class ResultsDir:
         self, spec: ExperimentSpec, result: ExperimentResult, extra: Mapping[str, Any] | None = None
     ) -> None:
         """Store a finished experiment: its files first, then its log line (the commit point)."""
-        folder = self.start(spec)
+        folder = self.experiment_dir(spec.name)
+        if not (folder / "spec.json").exists():  # a runner that skipped start()
+            self.start(spec)
         atomic_write_json(folder / "metrics.json", result.to_dict())
         if result.error_detail:
             atomic_write_text(folder / "error.txt", result.error_detail + "\n")

@@ -64,8 +64,18 @@ def run_local(spec: ExperimentSpec) -> ExperimentResult:
             )
             for rank in range(spec.world_size)
         ]
-        for process in processes:
-            process.start()
+        try:
+            for process in processes:
+                process.start()
+        except Exception as err:  # e.g. an unpicklable spec: a failed experiment, not a crash
+            _stop([p for p in processes if p.pid is not None])
+            return ExperimentResult(
+                name=spec.name,
+                status=Status.error,
+                error=f"RankStartError: {type(err).__name__}: {err}",
+                started_at=started_at,
+                timings=Timings(total_s=time.perf_counter() - started),
+            )
 
     outcomes: dict[int, RankOutcome] = {}
     deadline = started + spec.timeout_s

@@ -34,8 +34,14 @@ def combine_outcomes(
             node_ids=node_ids,
         )
     lead = ordered[0]
-    if lead.metrics is None:
-        raise ValueError("rank 0 reported success without metrics")
+    if lead.metrics is None:  # a runner bug, still recorded rather than raised
+        return ExperimentResult(
+            name=name,
+            status=Status.error,
+            error="RunnerError: rank 0 reported success without metrics",
+            started_at=started_at,
+            node_ids=node_ids,
+        )
     metrics = Metrics.from_dict(lead.metrics)
     peak = max(int((o.metrics or {}).get("peak_memory_bytes", 0)) for o in ordered)
     metrics = Metrics.from_window(

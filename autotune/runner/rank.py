@@ -100,7 +100,8 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
     import torch.distributed as dist
 
     import autotune.engine as engine_lib
-    from autotune.profiling import StepTimer, flops_per_micro_batch
+    from autotune.profiling.flops import flops_per_micro_batch
+    from autotune.profiling.window import StepTimer
     from autotune.workloads import resolve_workload
 
     workload = resolve_workload(spec.workload, dict(spec.workload_args), seed=spec.seed)

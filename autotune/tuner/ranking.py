@@ -32,7 +32,7 @@ def score(metrics: Metrics, metric: Metric) -> float:
         (-0.5, 16.0)
     """
     value = metric_value(metrics, metric)
-    return -value if metric is Metric.latency else value
+    return -value if metric.lower_is_better else value
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def rank(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
         )
         for name, measured in groups.items()
     ]
-    sign = -1.0 if metric is Metric.latency else 1.0
+    sign = -1.0 if metric.lower_is_better else 1.0
     ranked.sort(key=lambda r: (-sign * r.value, r.peak_memory_bytes, r.name))
     return ranked
 

@@ -264,9 +264,9 @@ class Tuner:
     def _next_name(self) -> str | None:
         """The next name the current phase wants run, or None if it has nothing now."""
         if self._phase is Phase.remeasure:
-            name = next((n for n in self._repeats if self._is_free(n)), None)
+            name = next((n for n in self._repeats if self._is_open_repeat(n)), None)
             if name is None and not self._pending and self._extend_remeasure():
-                name = next((n for n in self._repeats if self._is_free(n)), None)
+                name = next((n for n in self._repeats if self._is_open_repeat(n)), None)
             return name
         if self._search_budget_spent():
             return None
@@ -291,8 +291,20 @@ class Tuner:
         names = {size: self._name(plan.variant, size, ()) for size in plan.ladder}
         if any(self._status(name) is Status.ok for name in names.values()):
             return None
-        tried = [s for s in plan.ladder if s <= plan.start and self._status(names[s]) is None]
-        return names[max(tried)] if tried and self._is_open(names[max(tried)]) else None
+        # Sizes still worth trying: no result yet, not pruned (an invalid config, or at least
+        # as large as one that ran out of memory). An in-flight one makes us wait.
+        untried = [
+            s
+            for s in plan.ladder
+            if s <= plan.start
+            and self._status(names[s]) is None
+            and names[s] not in self._pruned
+            and not self._oom_pruner(names[s])
+        ]
+        if not untried:
+            return None
+        name = names[max(untried)]
+        return name if self._is_free(name) else None
 
     def _advance(self) -> None:
         """Move to the next phase that has something to do."""
@@ -344,7 +356,9 @@ class Tuner:
             subspaces,
             seed=self._tuning.seed + _PHASES.index(self._phase),
             storage=self._storage,
-            study_name=f"autotune-{self._phase.value}",
+            # The metric is in the name: a resumed run with another metric starts a new study
+            # instead of mixing the old objective's scores into the new one's model.
+            study_name=f"autotune-{self._tuning.metric.value}-{self._phase.value}",
         )
         self._point_names = names
         self._phase_points = {name: point for point, name in names.items()}
@@ -454,6 +468,9 @@ class Tuner:
     def _is_open(self, name: str) -> bool:
         """Not run, not in flight, not pruned."""
         return self._is_free(name) and name not in self._pruned and not self._oom_pruner(name)
+
+    def _is_open_repeat(self, name: str) -> bool:
+        return self._is_free(name) and name not in self._pruned
 
     def _is_free(self, name: str) -> bool:
         return name not in self._results and name not in self._pending

@@ -238,14 +238,21 @@ def build_space(
             if not estimate.fits(sizes[0]):
                 pruned[variant.label] = estimate.explain(sizes[0])
                 continue
-        largest = estimate.max_micro_batch_size(sizes[-1]) if estimate else sizes[-1]
-        start = max((s for s in sizes if s <= largest), default=sizes[0])
-        ladder = sizes if user_chose_sizes else _ladder(sizes, start)
-        try:
-            config.with_overrides(_overrides(fixed, variant, start, {}))
-        except ConfigError as err:
-            pruned[variant.label] = str(err)
+        # Sizes whose config breaks a rule (e.g. one that cannot keep a fixed global batch)
+        # are dropped here, so the search steps over them instead of stopping at them.
+        valid, rejection = [], ""
+        for size in sizes:
+            try:
+                config.with_overrides(_overrides(fixed, variant, size, {}))
+                valid.append(size)
+            except ConfigError as err:
+                rejection = str(err)
+        if not valid:
+            pruned[variant.label] = rejection
             continue
+        largest = estimate.max_micro_batch_size(valid[-1]) if estimate else valid[-1]
+        start = max((s for s in valid if s <= largest), default=valid[0])
+        ladder = tuple(valid) if user_chose_sizes else _ladder(tuple(valid), start)
         knobs = _knob_dims(config, stage, num_params)
         count = len(ladder) if user_chose_sizes else config.autotuning.num_tuning_micro_batch_sizes
         plans.append(VariantPlan(variant, ladder, start, count, knobs, estimate))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.profiling import count_train_flops, flops_per_micro_batch
+from autotune.profiling.flops import count_train_flops, flops_per_micro_batch
 from autotune.workloads import Workload, resolve_workload
 
 SMALL = {"n_layer": 2, "d_model": 128, "n_head": 4, "seq_len": 64, "vocab": 1024}

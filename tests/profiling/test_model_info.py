@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.profiling import ModelInfo, flops_per_micro_batch, model_info, saved_activation_bytes
+from autotune.profiling.flops import flops_per_micro_batch
+from autotune.profiling.model_info import ModelInfo, model_info, saved_activation_bytes
 from autotune.workloads import Workload, resolve_workload
 
 SMALL = {"n_layer": 2, "d_model": 128, "n_head": 4, "seq_len": 64, "vocab": 1024}

@@ -40,6 +40,14 @@ def test_a_torn_last_line_is_ignored(results: ResultsDir) -> None:
     assert results.finished_names() == {"a"}
 
 
+def test_recording_after_a_torn_line_keeps_every_record_readable(results: ResultsDir) -> None:
+    results.record(make_spec("a"), make_result("a"))
+    with (results.path / "experiments.jsonl").open("a") as handle:
+        handle.write('{"name": "b", "sta')
+    results.record(make_spec("c"), make_result("c"))
+    assert [r["name"] for r in results.records()] == ["a", "c"]
+
+
 def test_a_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
     log.write_text('{"a": 1}\nnot json\n{"b": 2}\n')

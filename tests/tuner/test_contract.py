@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from autotune.config import load_config
 from autotune.experiment import Status
 from autotune.tuner import Phase, Tuner, split_repeat
 from autotune.tuner.session import MAX_REMEASURE_FACTOR
@@ -102,3 +103,18 @@ def test_remeasures_the_top_candidates_and_ranks_by_the_median(tuner_type: str) 
     if len(repeated) < MAX_REMEASURE_FACTOR * 3:  # no single measurement outranks the best
         assert summary.ranking[0].name == summary.best.name
     assert summary.top_two_within_noise is not None
+
+
+def test_an_invalid_micro_batch_is_skipped_not_the_end_of_the_search() -> None:
+    # 5 cannot keep train_batch_size 24 at world size 2; the search must go on to 4.
+    config = load_config(
+        {
+            "train_batch_size": 24,
+            "train_micro_batch_size_per_gpu": [3, 4, 5],
+            "zero_optimization": {"stage": 1},
+        },
+        world_size=2,
+    )
+    candidate = Tuner(config).ask()
+    assert candidate is not None and candidate.micro_batch_size == 4
+    assert candidate.ds_config["gradient_accumulation_steps"] == 3

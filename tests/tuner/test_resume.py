@@ -78,7 +78,7 @@ def test_the_optuna_study_lives_in_sqlite_and_a_resumed_run_continues_it(tmp_pat
     names = [r.name for r in log] + [c.name for c in rest]
     assert len(set(names)) == len(names)
 
-    study = optuna.load_study(study_name="autotune-knobs", storage=storage)
+    study = optuna.load_study(study_name="autotune-throughput-knobs", storage=storage)
     points = [t.user_attrs["point"] for t in study.trials if "point" in t.user_attrs]
     assert len(points) == len(set(points)), "an outcome was added to the study twice"
     assert not [t for t in study.trials if t.state.name == "RUNNING"]
