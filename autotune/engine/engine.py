@@ -77,6 +77,7 @@ class ZeroEngine(nn.Module):
             device_memory_bytes if device_memory_bytes is not None else (config.device_memory_bytes)
         )
         self.memory = MemoryTracker(self.device, budget)
+        self.comm.tracker = self.memory  # its receive buffers count too
         self._activations = ActivationTracker(self.memory) if self.device.type == "cpu" else None
         self._account_untrained(trainable)
 
@@ -316,39 +317,26 @@ class ZeroEngine(nn.Module):
             self._all_gather_params()
 
     def _all_gather_params(self) -> None:
-        """Gather the updated shards in rounds of ``allgather_bucket_size`` elements."""
+        """Gather the updated shards in rounds of ``allgather_bucket_size`` elements.
+
+        A round is one collective over column ranges of segments: one all-gather, or a
+        broadcast per rank when ``allgather_partitions`` is false (DeepSpeed's alternative).
+        Two rounds are in flight at a time, which bounds the staging memory of a backend that
+        needs the pieces side by side.
+        """
         assert self._flat_params is not None
-        flat, layout, comm = self._flat_params, self.layout, self.comm
-        n, rank = comm.world_size, comm.rank
-        handles = []
+        flat, layout, n = self._flat_params, self.layout, self.comm.world_size
+        handles: list[Any] = []
         for round_ in layout.gather_chunks(self.zero.allgather_bucket_numel):
-            pieces = [(segment_rows(flat, layout.segments[s], n), a, b) for s, a, b in round_]
-            rows, start, stop = pieces[0]
-            if len(pieces) == 1 and start == 0 and stop == rows.shape[1]:
-                handles.append(self._gather_rows(rows))  # in place, no staging copy
-                continue
-            width = sum(b - a for _, a, b in pieces)
-            staging = torch.empty(n, width, dtype=flat.dtype, device=flat.device)
-            self.memory.add("buffers", tensor_bytes(staging))
-            column = 0
-            for rows, a, b in pieces:
-                staging[rank, column : column + b - a].copy_(rows[rank, a:b])
-                column += b - a
-            self._gather_rows(staging).wait()
-            column = 0
-            for rows, a, b in pieces:
-                rows[:, a:b].copy_(staging[:, column : column + b - a])
-                column += b - a
-            self.memory.add("buffers", -tensor_bytes(staging))
+            if len(handles) == 2:
+                handles.pop(0).wait()
+            pieces = [segment_rows(flat, layout.segments[s], n)[:, a:b] for s, a, b in round_]
+            if self.zero.allgather_partitions:
+                handles.append(self.comm.all_gather_rows(pieces))
+            else:
+                handles.append(self.comm.broadcast_rows(pieces))
         for handle in handles:
             handle.wait()
-
-    def _gather_rows(self, rows: torch.Tensor) -> Any:
-        """Fill every row of ``rows`` from its rank: one all-gather, or a broadcast per rank
-        when ``allgather_partitions`` is false (DeepSpeed's alternative)."""
-        if self.zero.allgather_partitions:
-            return self.comm.all_gather(rows.view(-1), rows[self.comm.rank])
-        return self.comm.broadcast_rows(rows)
 
     def _check_memory(self, where: str) -> None:
         """At a point every rank reaches in step: raise OOM on all ranks if any is over budget.

@@ -94,15 +94,18 @@ class ReplicatedGrads:
         first = params[0]
         self.flat = torch.zeros(layout.numel, dtype=first.dtype, device=first.device)
         tracker.add("grads", tensor_bytes(self.flat))
+        self.params = list(params)
         self.views = param_views(self.flat, layout, [p.shape for p in params])
-        for param, view in zip(params, self.views, strict=True):
-            param.grad = view
         self._rows = [segment_rows(self.flat, s, layout.world_size) for s in layout.segments]
         # What the optimizer on this rank reads: whole segments (stage 0) or its rows (stage 1).
         self.owned_grads = [r[comm.rank] if owned_rows else r.view(-1) for r in self._rows]
         self._sizes = [len(s.params) for s in layout.segments]
         self._pending = list(self._sizes)
         self._boundary = False
+        # Which views hold a gradient of this accumulation window. A window's first gradient
+        # is copied into its view rather than added to a zeroed one: zeroing the buffer and
+        # accumulating would cost two more passes over it every step.
+        self._written = [False] * len(params)
         self._launcher = _OrderedLauncher(range(len(layout.segments)), self._launch)
 
     def begin_backward(self, boundary: bool) -> None:
@@ -113,9 +116,13 @@ class ReplicatedGrads:
         view = self.views[index]
         grad = param.grad
         if grad is not None and grad.data_ptr() != view.data_ptr():
-            # Someone replaced .grad (e.g. zero_grad(set_to_none=True)): fold it back in.
-            view.add_(grad)
-            param.grad = view
+            # A new gradient (the window's first, or .grad was replaced): into the buffer.
+            if self._written[index]:
+                view.add_(grad)
+            else:
+                view.copy_(grad)
+            param.grad = view  # later micro-batches accumulate in place
+        self._written[index] = self._written[index] or grad is not None
         segment = self.layout.param_segment[index]
         self._pending[segment] -= 1
         if self._pending[segment] == 0 and self._boundary and self.overlap:
@@ -128,13 +135,19 @@ class ReplicatedGrads:
             self._launcher.drain()
 
     def _launch(self, segment: int) -> _InFlight:
+        for index in self.layout.segments[segment].params:
+            if not self._written[index]:  # no gradient this window (an unused parameter)
+                self.views[index].zero_()
         rows = self._rows[segment]
         if self.scatter:
             return _InFlight(self.comm.reduce_scatter(rows[self.comm.rank], rows.view(-1)), None)
         return _InFlight(self.comm.all_reduce(rows), None)
 
     def zero(self) -> None:
-        self.flat.zero_()
+        """Start a new accumulation window: the next gradients overwrite the buffer."""
+        self._written = [False] * len(self.params)
+        for param in self.params:
+            param.grad = None
 
 
 class PartitionedGrads:
@@ -182,6 +195,7 @@ class PartitionedGrads:
         self._free: list[torch.Tensor] = []
         self._allocated = 0
         self._fresh = True  # the shard holds nothing of this accumulation window yet
+        self._placed = [False] * len(layout.param_numels)  # gradient copied this micro-batch
         self._launcher = _OrderedLauncher(order, self._launch)
 
     @property
@@ -190,6 +204,7 @@ class PartitionedGrads:
 
     def begin_backward(self, boundary: bool) -> None:
         self._pending = list(self._sizes)
+        self._placed = [False] * len(self.layout.param_numels)
 
     def on_grad(self, index: int, param: torch.nn.Parameter) -> None:
         grad = param.grad
@@ -214,7 +229,7 @@ class PartitionedGrads:
         self._fresh = True
 
     def _acquire(self, bucket: int) -> torch.Tensor:
-        """The bucket's staging buffer, zeroed; reuses a finished bucket's when it can."""
+        """The bucket's staging buffer; reuses a finished bucket's when it can."""
         staging = self._staging.get(bucket)
         if staging is not None:
             return staging
@@ -230,33 +245,61 @@ class PartitionedGrads:
             self.tracker.add("buffers", tensor_bytes(staging))
             self._allocated += 1
         rows = staging[: self._bucket_chunk[bucket] * self.comm.world_size]
-        rows = rows.view(self.comm.world_size, -1).zero_()
+        rows = rows.view(self.comm.world_size, -1)
+        # Not zeroed: every gradient is copied over its place; only padding and parameters
+        # without a gradient are zeroed when the bucket is sent (_fill_gaps).
         self._staging[bucket] = rows
         return rows
+
+    def _pieces(self, segment_index: int, start: int, numel: int) -> list[tuple[int, int, int]]:
+        """``(row, column, length)`` runs of a segment's ``[start, start + numel)`` in a bucket's
+        ``[world, chunk]`` rows (a run stops where a rank's chunk does)."""
+        segment = self.layout.segments[segment_index]
+        column_base = (
+            segment.shard_offset - self._bucket_start[self._bucket_of_segment[segment_index]]
+        )
+        pieces, done = [], 0
+        while done < numel:
+            row, column = divmod(start + done, segment.chunk)
+            take = min(numel - done, segment.chunk - column)
+            pieces.append((row, column_base + column, take))
+            done += take
+        return pieces
 
     def _place(self, rows: torch.Tensor, index: int, grad: torch.Tensor) -> None:
         """Copy a parameter's gradient to its place in the bucket's ``[world, chunk]`` rows."""
         layout = self.layout
-        segment_index = layout.param_segment[index]
-        segment = layout.segments[segment_index]
-        column_base = (
-            segment.shard_offset - self._bucket_start[self._bucket_of_segment[segment_index]]
-        )
         flat = grad.reshape(-1)
-        start, numel, done = layout.offset_in_segment(index), flat.numel(), 0
-        while done < numel:
-            row, column = divmod(start + done, segment.chunk)
-            take = min(numel - done, segment.chunk - column)
-            rows[row, column_base + column : column_base + column + take].copy_(
-                flat[done : done + take]
-            )
+        done = 0
+        for row, column, take in self._pieces(
+            layout.param_segment[index], layout.offset_in_segment(index), flat.numel()
+        ):
+            rows[row, column : column + take].copy_(flat[done : done + take])
             done += take
+        self._placed[index] = True
+
+    def _fill_gaps(self, bucket: int, rows: torch.Tensor) -> None:
+        """Zero what no gradient was copied over: padding, and parameters without a gradient."""
+        layout = self.layout
+        for segment_index in self._buckets[bucket]:
+            segment = layout.segments[segment_index]
+            gaps = [
+                (layout.offset_in_segment(i), layout.param_numels[i])
+                for i in segment.params
+                if not self._placed[i]
+            ]
+            used = layout.param_offsets[segment.end_param - 1] - segment.offset
+            used += layout.param_numels[segment.end_param - 1]
+            gaps.append((used, segment.numel - used))
+            for start, numel in gaps:
+                for row, column, take in self._pieces(segment_index, start, numel):
+                    rows[row, column : column + take].zero_()
 
     def _launch(self, bucket: int) -> _InFlight:
         if self.contiguous:
             rows = self._acquire(bucket)
         else:
-            rows = torch.zeros(
+            rows = torch.empty(
                 self.comm.world_size,
                 self._bucket_chunk[bucket],
                 dtype=self.dtype,
@@ -266,22 +309,21 @@ class PartitionedGrads:
             for index, grad in self._held.pop(bucket, []):
                 self._place(rows, index, grad)
                 self.tracker.add("grads", -tensor_bytes(grad))
+        self._fill_gaps(bucket, rows)
         start = self._bucket_start[bucket]
         out = self.shard[start : start + self._bucket_chunk[bucket]]
         fresh = self._fresh
         if self.scatter:
-            target = out if fresh else torch.empty_like(out)
-            handle = self.comm.reduce_scatter(target, rows.view(-1))
+            handle = self.comm.reduce_scatter(out, rows.view(-1), accumulate=not fresh)
         else:
-            target = rows[self.comm.rank]
             handle = self.comm.all_reduce(rows)
 
         def after() -> None:
-            if target is not out:
+            if not self.scatter:
                 if fresh:
-                    out.copy_(target)
+                    out.copy_(rows[self.comm.rank])
                 else:
-                    out.add_(target)
+                    out.add_(rows[self.comm.rank])
             self._release(bucket, rows)
 
         return _InFlight(handle, after)

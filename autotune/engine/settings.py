@@ -12,7 +12,9 @@ always get zero gradients), ``load_from_fp32_weights``, ``memory_efficient_linea
 top-level ``communication_data_type``, ``prescale_gradients``, ``gradient_predivide_factor``
 and ``fp32_allreduce`` (gradients are reduced in the compute dtype, averaged through the loss
 scale). ``allgather_bucket_size`` and ``allgather_partitions`` act at stages 1-2; stage 3
-gathers per module. ``reduce_scatter: false`` all-reduces each bucket (DeepSpeed's fallback).
+gathers per module. On gloo every all-gather is a broadcast per rank (gloo's own all-gather is
+the slow one, see comm.py), so ``allgather_partitions`` changes nothing there.
+``reduce_scatter: false`` all-reduces each bucket (DeepSpeed's fallback).
 """
 
 from __future__ import annotations

@@ -20,25 +20,34 @@ VOCAB, WIDTH, SEQ = 32, 16, 6
 class TinyNet(nn.Module):
     """Embedding, two linear layers with a LayerNorm, a head; returns the MSE loss."""
 
-    def __init__(self) -> None:
+    def __init__(self, side: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.fc1 = nn.Linear(WIDTH, 2 * WIDTH)
         self.norm = nn.LayerNorm(2 * WIDTH)
         self.fc2 = nn.Linear(2 * WIDTH, 2 * WIDTH)
         self.head = nn.Linear(2 * WIDTH, 1)
+        # A branch only some steps use (``use_side``): its gradients are missing on the others.
+        self.side = nn.Linear(2 * WIDTH, 2 * WIDTH) if side else None
+        self.use_side = False
 
     def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         hidden = self.embed(ids).mean(dim=1)
         hidden = self.norm(torch.relu(self.fc1(hidden)))
         hidden = torch.tanh(self.fc2(hidden)) + hidden
+        if self.side is not None and self.use_side:
+            hidden = hidden + self.side(hidden)
         out = self.head(hidden).squeeze(-1).float()
         return ((out - target) ** 2).mean()
 
 
-def make_model(seed: int = 0) -> TinyNet:
+def make_model(seed: int = 0, side: bool = False) -> TinyNet:
     torch.manual_seed(seed)
-    return TinyNet()
+    return TinyNet(side)
+
+
+def _side_used(step: int) -> bool:
+    return step % 2 == 0
 
 
 def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,12 +78,26 @@ def base_config(
     return config
 
 
-def train(config: dict[str, Any], steps: int, **init: Any) -> Any:
-    """Train a TinyNet for ``steps`` optimizer steps on this rank's part of each global batch."""
+def train(
+    config: dict[str, Any],
+    steps: int,
+    side: bool = False,
+    backend_collectives: bool = False,
+    **init: Any,
+) -> Any:
+    """Train a TinyNet for ``steps`` optimizer steps on this rank's part of each global batch.
+
+    ``side``: the model has a branch used on even steps only. ``backend_collectives``: use
+    gloo's own reduce-scatter and all-gather instead of the engine's exchanges (the path every
+    other backend takes).
+    """
     world, rank = dist.get_world_size(), dist.get_rank()
-    engine, _, _, _ = initialize(model=make_model(), config=config, **init)
+    engine, _, _, _ = initialize(model=make_model(side=side), config=config, **init)
+    if backend_collectives:
+        engine.comm.exchange = False
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     for step in range(steps):
+        engine.module.use_side = _side_used(step)
         ids, target = global_batch(step, micro * gas * world)
         for m in range(gas):
             start = (m * world + rank) * micro
@@ -84,15 +107,16 @@ def train(config: dict[str, Any], steps: int, **init: Any) -> Any:
     return engine
 
 
-def reference(config: dict[str, Any], steps: int) -> dict[str, torch.Tensor]:
+def reference(config: dict[str, Any], steps: int, side: bool = False) -> dict[str, torch.Tensor]:
     """The same training in one process on the whole global batch, with plain torch."""
     world = dist.get_world_size()
-    model = make_model()
+    model = make_model(side=side)
     opt_cfg = config["optimizer"]
     cls = getattr(torch.optim, opt_cfg["type"])
     optimizer = cls(model.parameters(), **opt_cfg["params"])
     size = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * world
     for step in range(steps):
+        model.use_side = _side_used(step)
         loss = model(*global_batch(step, size))
         loss.backward()
         if config["gradient_clipping"]:
@@ -103,11 +127,16 @@ def reference(config: dict[str, Any], steps: int) -> dict[str, torch.Tensor]:
 
 
 def match_reference(
-    config: dict[str, Any], steps: int = 3, atol: float = 1e-5, rtol: float = 1.3e-6
+    config: dict[str, Any],
+    steps: int = 3,
+    atol: float = 1e-5,
+    rtol: float = 1.3e-6,
+    side: bool = False,
+    backend_collectives: bool = False,
 ) -> float:
-    engine = train(config, steps)
+    engine = train(config, steps, side=side, backend_collectives=backend_collectives)
     ours = engine.module_state_dict()
-    expected = reference(config, steps)
+    expected = reference(config, steps, side=side)
     for name, value in expected.items():
         torch.testing.assert_close(ours[name].float(), value, atol=atol, rtol=rtol, msg=name)
     return max(float((ours[k].float() - v).abs().max()) for k, v in expected.items())

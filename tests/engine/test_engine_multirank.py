@@ -43,6 +43,25 @@ def test_matches_single_process_reference(
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("gas", [1, 2])
+def test_gradients_missing_on_some_steps(pool: RankPool, stage: int, gas: int) -> None:
+    # Gradient buffers are overwritten rather than zeroed each step: a parameter without a
+    # gradient must still count as zero, not as last step's. (Plain SGD: a zero gradient
+    # leaves it where the reference, which skips it, does.)
+    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=gas, optimizer="SGD")
+    pool.run(cases.match_reference, config, steps=4, side=True)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("gas", [1, 2])
+def test_backend_collectives_match(pool: RankPool, stage: int, gas: int) -> None:
+    # On gloo the engine exchanges point to point; other backends take their own
+    # reduce-scatter and all-gather (with staging for several pieces at once).
+    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=gas)
+    pool.run(cases.match_reference, config, backend_collectives=True)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bf16_tracks_fp32_reference(pool: RankPool, stage: int) -> None:
     config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=2, clip=0.5, precision="bf16")
     pool.run(cases.match_reference, config, atol=3e-2, rtol=3e-2)
