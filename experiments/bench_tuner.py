@@ -28,7 +28,7 @@ TARGET = 0.97
 
 
 def run_tuner(
-    tuner_type: str, num_trials: int, results_dir: Path, runner: Any
+    tuner_type: str, num_trials: int, results_dir: Path, runner: Any, max_micro_batch: int
 ) -> list[dict[str, Any]]:
     """One tuning run; returns its experiments in order with their finish times."""
     spec = json.loads(json.dumps(DEFAULT_CONFIG))
@@ -39,6 +39,7 @@ def run_tuner(
         tuner_early_stopping=10_000,  # judge the search itself, not when it gives up
         num_remeasure=0,
         results_dir=str(results_dir),
+        max_train_micro_batch_size_per_gpu=max_micro_batch,
     )
     job = TuningJob(
         config=load_config(spec, world_size=2),
@@ -79,6 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runner", choices=["ray", "local"], default="ray")
     parser.add_argument("--out", type=Path, default=Path("results/bench_tuner.json"))
+    parser.add_argument(
+        "--max-micro-batch", type=int, default=8, help="keeps each experiment to seconds"
+    )
     args = parser.parse_args()
 
     if args.runner == "ray":
@@ -91,13 +95,15 @@ def main() -> None:
         runner = LocalRunner()
     rows = {}
     with tempfile.TemporaryDirectory() as scratch, runner:
-        grid = run_tuner("gridsearch", 10_000, Path(scratch) / "grid", runner)
+        grid = run_tuner("gridsearch", 10_000, Path(scratch) / "grid", runner, args.max_micro_batch)
         worth = {e["name"]: e["throughput"] for e in grid if e["throughput"] is not None}
         goal = TARGET * max(worth.values())
         budget = max(1, len(grid) // 4)
         rows["gridsearch"] = reach(grid, worth, goal)
         for tuner_type in ("random", "model_based"):
-            timeline = run_tuner(tuner_type, budget, Path(scratch) / tuner_type, runner)
+            timeline = run_tuner(
+                tuner_type, budget, Path(scratch) / tuner_type, runner, args.max_micro_batch
+            )
             rows[tuner_type] = reach(timeline, worth, goal)
             rows[tuner_type]["budget"] = budget
 
