@@ -34,6 +34,7 @@ class Progress:
         self.num_trials = num_trials
         self.started = time.monotonic()
         self.current = ""
+        self.run_here = 0  # experiments finished by this process (not replayed from the log)
         self._live: Live | None = None
 
     def __enter__(self) -> Progress:
@@ -62,6 +63,7 @@ class Progress:
                 what = f"{result.status.value}  {result.error or ''}"[:100]
             self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
             self.current = ""
+            self.run_here += 1
         if self._live is not None:
             self._live.update(self._status(summary))
 
@@ -75,15 +77,15 @@ class Progress:
         table.add_row(
             "experiments",
             f"{done} done ({summary.num_failed} failed/oom), {summary.num_pruned} pruned, "
-            f"at most {self.num_trials} planned",
+            f"search capped at {self.num_trials}",
         )
         if summary.best is not None:
             value = _metric_text(summary.best.value, summary.metric.value)
             table.add_row("best so far", f"{summary.best.name}  {value}")
         remaining = ""
-        if done:
-            left = max(0, self.num_trials - done) * elapsed / done
-            remaining = f", at most ~{left:.0f} s left"
+        if self.run_here:  # the pace of this process, not of replayed history
+            left = max(0, self.num_trials - done) * elapsed / self.run_here
+            remaining = f", search at most ~{left:.0f} s more (plus re-measurements)"
         table.add_row("elapsed", f"{elapsed:.0f} s{remaining}")
         if self.current:
             table.add_row("running", self.current)
