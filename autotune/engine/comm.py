@@ -25,6 +25,10 @@ import torch.distributed as dist
 
 from autotune.engine.memory import MemoryTracker, tensor_bytes
 
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); torch 2.4 lacks the new.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 @dataclass
 class CollectiveLog:
@@ -85,6 +89,11 @@ class Communicator:
         # page faults as sending it.
         self._free: list[torch.Tensor] = []
 
+    @property
+    def stages_reduce_scatter(self) -> bool:
+        """Whether a reduce-scatter needs a receive buffer as large as what it reduces."""
+        return self.exchange
+
     def _record(self, kind: str, numel: int) -> None:
         self.log.calls[kind] += 1
         self.log.numel[kind] += numel
@@ -116,11 +125,9 @@ class Communicator:
         if self.exchange:
             return self._exchange_reduce_scatter(output, tensor, accumulate)
         if not accumulate:
-            return Handle(
-                dist.reduce_scatter_tensor(output, tensor, group=self.group, async_op=True)
-            )
+            return Handle(_reduce_scatter_single(output, tensor, group=self.group, async_op=True))
         target = torch.empty_like(output)
-        work = dist.reduce_scatter_tensor(target, tensor, group=self.group, async_op=True)
+        work = _reduce_scatter_single(target, tensor, group=self.group, async_op=True)
 
         def add() -> None:
             output.add_(target)
@@ -164,9 +171,7 @@ class Communicator:
         self._record("all_gather", output.numel())
         if not self.exchange:
             return Handle(
-                dist.all_gather_into_tensor(
-                    output, rows[self.rank], group=self.group, async_op=True
-                )
+                _all_gather_single(output, rows[self.rank], group=self.group, async_op=True)
             )
         return self._broadcast_each([rows])
 
@@ -216,7 +221,7 @@ class Communicator:
             return self._broadcast_each(pieces)
         if len(pieces) == 1 and pieces[0].is_contiguous():
             rows = pieces[0]
-            work = dist.all_gather_into_tensor(
+            work = _all_gather_single(
                 rows.view(-1), rows[self.rank], group=self.group, async_op=True
             )
             return Handle(work)
@@ -230,7 +235,7 @@ class Communicator:
         for piece in pieces:
             staging[self.rank, column : column + piece.shape[1]].copy_(piece[self.rank])
             column += piece.shape[1]
-        work = dist.all_gather_into_tensor(
+        work = _all_gather_single(
             staging.view(-1), staging[self.rank], group=self.group, async_op=True
         )
 

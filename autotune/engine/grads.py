@@ -34,20 +34,45 @@ class _InFlight:
 
 
 class _OrderedLauncher:
-    """Launches buckets in ``order`` as they become ready; waits for them on ``drain``."""
+    """Launches buckets in ``order`` as they become ready; waits for them on ``drain``.
 
-    def __init__(self, order: Sequence[int], launch: Callable[[int], _InFlight]) -> None:
+    Args:
+        max_in_flight: wait for the oldest collective before launching one more (bounds the
+            receive buffers of a backend that stages, e.g. gloo's reduce-scatter exchange).
+        synchronous: wait for each collective as soon as it is launched (no overlap with
+            backward's compute, but memory freed bucket by bucket, as DeepSpeed does with
+            ``overlap_comm`` off).
+    """
+
+    def __init__(
+        self,
+        order: Sequence[int],
+        launch: Callable[[int], _InFlight],
+        *,
+        max_in_flight: int | None = None,
+        synchronous: bool = False,
+    ) -> None:
         self._order = list(order)
         self._launch = launch
+        self._max_in_flight = max_in_flight
+        self._synchronous = synchronous
         self._ready: set[int] = set()
         self._next = 0
         self.in_flight: deque[_InFlight] = deque()
+        # Launches that backward's compute ran on past, still in flight (overlap at work).
+        self.overlapped = 0
 
     def ready(self, bucket: int) -> None:
         self._ready.add(bucket)
         while self._next < len(self._order) and self._order[self._next] in self._ready:
+            if self._max_in_flight is not None and len(self.in_flight) >= self._max_in_flight:
+                self.wait_oldest()
             self.in_flight.append(self._launch(self._order[self._next]))
             self._next += 1
+            if self._synchronous:
+                self.wait_oldest()
+            elif torch._C._current_graph_task_id() != -1:
+                self.overlapped += 1
 
     def launch_all(self) -> None:
         for bucket in self._order[self._next :]:
@@ -106,7 +131,18 @@ class ReplicatedGrads:
         # is copied into its view rather than added to a zeroed one: zeroing the buffer and
         # accumulating would cost two more passes over it every step.
         self._written = [False] * len(params)
-        self._launcher = _OrderedLauncher(range(len(layout.segments)), self._launch)
+        # Two reductions in flight at most where each needs a receive buffer the size of its
+        # bucket: launched all at once they would stage a second copy of every gradient.
+        self._launcher = _OrderedLauncher(
+            range(len(layout.segments)),
+            self._launch,
+            max_in_flight=2 if scatter and comm.stages_reduce_scatter else None,
+        )
+
+    @property
+    def overlapped(self) -> int:
+        """Reductions backward ran on past (0 without ``overlap_comm``)."""
+        return self._launcher.overlapped
 
     def begin_backward(self, boundary: bool) -> None:
         self._boundary = boundary
@@ -161,7 +197,9 @@ class PartitionedGrads:
         contiguous: copy each gradient into a reusable bucket buffer the moment it is produced
             and free it (``contiguous_gradients``); otherwise keep autograd's gradients until
             their bucket is full, then pack them into a fresh buffer.
-        overlap: launch a bucket from the hook of its last gradient (``overlap_comm``).
+        overlap: let backward go on while a full bucket is reduced (``overlap_comm``);
+            otherwise the hook of its last gradient waits for the reduction, so memory is
+            still freed bucket by bucket.
     """
 
     def __init__(
@@ -196,7 +234,12 @@ class PartitionedGrads:
         self._allocated = 0
         self._fresh = True  # the shard holds nothing of this accumulation window yet
         self._placed = [False] * len(layout.param_numels)  # gradient copied this micro-batch
-        self._launcher = _OrderedLauncher(order, self._launch)
+        self._launcher = _OrderedLauncher(order, self._launch, synchronous=not overlap)
+
+    @property
+    def overlapped(self) -> int:
+        """Reductions backward ran on past (0 without ``overlap_comm``)."""
+        return self._launcher.overlapped
 
     @property
     def num_buckets(self) -> int:
@@ -217,7 +260,7 @@ class PartitionedGrads:
             self._held.setdefault(bucket, []).append((index, grad))
             self.tracker.add("grads", tensor_bytes(grad))
         self._pending[bucket] -= 1
-        if self._pending[bucket] == 0 and self.overlap:
+        if self._pending[bucket] == 0:
             self._launcher.ready(bucket)
 
     def finish_backward(self) -> None:

@@ -154,6 +154,7 @@ def collectives(config: dict[str, Any], steps: int = 2) -> dict[str, Any]:
         "in_backward": dict(log.calls_in_backward),
         "peak": engine.peak_memory_bytes(),
         "optimizer_tensors": len(engine.master.params),
+        "overlapped": engine.grads.overlapped,
         **extra,
     }
 
