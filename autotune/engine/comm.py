@@ -271,13 +271,19 @@ class Communicator:
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
         return bool(value.item() > 0)
 
-    def sum_scalar(self, value: torch.Tensor) -> torch.Tensor:
-        """``value`` (a 1-element tensor) summed over ranks, blocking."""
+    def sum_small(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (a small tensor: a norm, a few partial sums) summed over ranks, blocking.
+
+        Returned on ``value``'s device; NCCL needs it on the GPU for the trip.
+        """
         if self.group is None:
             return value
-        self._record("all_reduce", 1)
-        dist.all_reduce(value, group=self.group)
-        return value
+        self._record("all_reduce", value.numel())
+        sent = value
+        if dist.get_backend(self.group) == dist.Backend.NCCL and value.device.type != "cuda":
+            sent = value.cuda()
+        dist.all_reduce(sent, group=self.group)
+        return sent.to(value.device)
 
 
 def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:

@@ -32,7 +32,7 @@ from autotune.config import Config, ConfigError, load_config
 from autotune.engine.comm import Communicator, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.loss_scaler import build_loss_scaler
-from autotune.engine.master import MasterParams
+from autotune.engine.master import MasterParams, ParamGroups
 from autotune.engine.memory import ActivationTracker, MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, group_by_numel, param_views, segment_rows
 from autotune.engine.schedulers import build_scheduler
@@ -69,7 +69,7 @@ class ZeroEngine(nn.Module):
         self.module = module
         self._broadcast_module()
 
-        trainable = _trainable(module, model_parameters)
+        trainable, group_options, group_of = _param_groups(module, model_parameters)
         self.zero: ZeroSettings = resolve_zero(
             config.zero_optimization, sum(p.numel() for p in trainable)
         )
@@ -87,13 +87,17 @@ class ZeroEngine(nn.Module):
             self.params, owned = self._build_flat(trainable)
         else:
             self.params, owned = self._build_stage3(trainable)
+        sharded = self.zero.stage > 0 and self.comm.group is not None
         self.master = MasterParams(
             owned,
             self.grads.owned_grads,
+            self._params_in_owned(),
+            ParamGroups(group_options, tuple(group_of[id(p)] for p in self.params)),
             config.optimizer,
             self.memory,
             offload=self.zero.offload_optimizer,
             sub_group_numel=self.zero.sub_group_numel,
+            sum_over_ranks=self.comm.sum_small if sharded else None,
         )
         self.optimizer = self.master.optimizer
         self.lr_scheduler = build_scheduler(config.scheduler, self.optimizer)
@@ -191,6 +195,18 @@ class ZeroEngine(nn.Module):
         shard = self.stage3.shard
         owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in self.layout.segments]
         return params, owned
+
+    def _params_in_owned(self) -> list[list[tuple[int, int, int]]]:
+        """Per owned piece (whole segments at stage 0, this rank's chunks from stage 1 on),
+        the parameters in it."""
+        layout = self.layout
+        if self.zero.stage == 0:
+            return [layout.params_in(i, 0, s.numel) for i, s in enumerate(layout.segments)]
+        rank = self.comm.rank
+        return [
+            layout.params_in(i, rank * s.chunk, (rank + 1) * s.chunk)
+            for i, s in enumerate(layout.segments)
+        ]
 
     def _broadcast_module(self) -> None:
         """Every rank starts from rank 0's weights and buffers, as DeepSpeed does."""
@@ -306,7 +322,7 @@ class ZeroEngine(nn.Module):
     def _global_grad_norm(self) -> float:
         square_sum = self.master.grad_square_sum()
         if self.zero.stage > 0:
-            square_sum = self.comm.sum_scalar(square_sum)
+            square_sum = self.comm.sum_small(square_sum)
         return float(square_sum.sqrt())
 
     def _publish_params(self) -> None:
@@ -414,19 +430,45 @@ class ZeroEngine(nn.Module):
             self.stage3.invalidate()
 
 
-def _trainable(module: nn.Module, model_parameters: Iterable[Any] | None) -> list[nn.Parameter]:
-    """The parameters to train, once each, in the module's registration order."""
+def _param_groups(
+    module: nn.Module, model_parameters: Iterable[Any] | None
+) -> tuple[list[nn.Parameter], tuple[dict[str, Any], ...], dict[int, int]]:
+    """The parameters to train (once each, in registration order), the options of each param
+    group (one without options when none are given), and each parameter's group by ``id``."""
     if model_parameters is None:
-        chosen = {id(p) for p in module.parameters() if p.requires_grad}
+        items: list[Any] = [p for p in module.parameters() if p.requires_grad]
     else:
-        chosen = set()
-        for item in model_parameters:
-            params = item["params"] if isinstance(item, dict) else [item]
-            chosen.update(id(p) for p in ([params] if isinstance(params, torch.Tensor) else params))
-    trainable = [p for p in module.parameters() if id(p) in chosen]
+        items = list(model_parameters)
+    options: list[dict[str, Any]] = []
+    group_of: dict[int, int] = {}
+    loose: list[torch.Tensor] = []  # parameters given outside any group dict
+    for item in items:
+        if not isinstance(item, dict):
+            loose.append(item)
+            continue
+        if "params" not in item:
+            raise ValueError(f"param group {len(options)} of model_parameters has no 'params'")
+        params = item["params"]
+        members = [params] if isinstance(params, torch.Tensor) else list(params)
+        _claim(members, len(options), group_of)
+        options.append({k: v for k, v in item.items() if k != "params"})
+    if loose:
+        _claim(loose, len(options), group_of)
+        options.append({})
+    known = {id(p) for p in module.parameters()}
+    if any(key not in known for key in group_of):
+        raise ValueError("model_parameters holds a tensor that is not a parameter of the model")
+    trainable = [p for p in module.parameters() if id(p) in group_of]
     if not trainable:
         raise ValueError("the model has no trainable parameters")
-    return trainable
+    return trainable, tuple(options), group_of
+
+
+def _claim(params: list[torch.Tensor], group: int, group_of: dict[int, int]) -> None:
+    for param in params:
+        if id(param) in group_of:
+            raise ValueError("a parameter appears in more than one param group")
+        group_of[id(param)] = group
 
 
 def initialize(

@@ -6,19 +6,40 @@ into sub-groups of at most ``sub_group_size`` elements. In fp32 without offload 
 are views of the model's own storage, so a step updates the model in place and there is no
 second copy. With bf16/fp16, or with the optimizer offloaded to the host, an fp32 master copy
 is kept (on the host when offloaded); each sub-group's gradients are converted and stepped on
-their own, so the fp32 temporaries never exceed one sub-group.
+their own, so the fp32 temporaries never exceed one sub-group (except for Lamb, whose norms
+span sub-groups: its step converts them all at once).
+
+A sub-group never spans two of the caller's param groups, so each keeps its own options (no
+weight decay on norms and biases, a lower learning rate for embeddings, ...).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from autotune.config import OptimizerConfig
 from autotune.engine.memory import MemoryTracker, tensor_bytes
-from autotune.engine.optimizers import build_optimizer
+from autotune.engine.optimizers import Lamb, SumOverRanks, build_optimizer, needs_whole_tensors
+
+
+@dataclass(frozen=True)
+class ParamGroups:
+    """The caller's param groups: each one's optimizer options, and each parameter's group.
+
+    Parameters are numbered as in the flat layout.
+    """
+
+    options: tuple[dict[str, Any], ...]
+    of_param: tuple[int, ...]
+
+    @classmethod
+    def single(cls, num_params: int) -> ParamGroups:
+        return cls(({},), (0,) * num_params)
 
 
 class MasterParams:
@@ -27,19 +48,26 @@ class MasterParams:
     Args:
         owned: this rank's pieces of the model parameters (compute dtype, model device).
         owned_grads: the matching gradient pieces, already reduced across ranks.
+        params_in: for each owned piece, ``(param, begin, end)`` of the parameters in it.
+        groups: the param groups; the optimizer gets one per group, with its options.
         offload: keep the fp32 master, the optimizer state and the step on the host.
         sub_group_numel: the largest tensor the optimizer steps at once.
+        sum_over_ranks: sums a small tensor over the ranks that share parameters (None when
+            this rank owns whole parameters): for optimizers with per-parameter norms.
     """
 
     def __init__(
         self,
         owned: Sequence[torch.Tensor],
         owned_grads: Sequence[torch.Tensor],
+        params_in: Sequence[Sequence[tuple[int, int, int]]],
+        groups: ParamGroups,
         config: OptimizerConfig | None,
         tracker: MemoryTracker,
         *,
         offload: bool,
         sub_group_numel: int,
+        sum_over_ranks: SumOverRanks | None = None,
     ) -> None:
         self.owned, self.owned_grads = list(owned), list(owned_grads)
         self.tracker, self.offload = tracker, offload
@@ -53,13 +81,36 @@ class MasterParams:
             bases = list(self.flat.split([piece.numel() for piece in owned]))
         else:
             bases = self.owned
-        # (owned piece, start, stop) of every sub-group, and the optimizer's tensor for it.
+        whole_tensors = needs_whole_tensors(config)
+        # (owned piece, start, stop) of every sub-group, its group and (per-tensor optimizers)
+        # its parameter. A sub-group never spans two groups; padding belongs to none.
         self.pieces: list[tuple[int, int, int]] = []
-        for index, base in enumerate(bases):
-            for start in range(0, base.numel(), sub_group_numel):
-                self.pieces.append((index, start, min(base.numel(), start + sub_group_numel)))
+        piece_group: list[int] = []
+        piece_param: list[int] = []
+        for index, ranges in enumerate(params_in):
+            for param, start, stop, group in _runs(ranges, groups.of_param, whole_tensors):
+                for a in range(start, stop, sub_group_numel):
+                    self.pieces.append((index, a, min(stop, a + sub_group_numel)))
+                    piece_group.append(group)
+                    piece_param.append(param)
         self.params = [nn.Parameter(bases[i][a:b], requires_grad=True) for i, a, b in self.pieces]
-        self.optimizer = build_optimizer(config, list(self.params))
+        members: list[list[torch.Tensor]] = [[] for _ in groups.options]
+        for tensor, group in zip(self.params, piece_group, strict=True):
+            members[group].append(tensor)
+        param_groups = [
+            {**options, "params": params}
+            for options, params in zip(groups.options, members, strict=True)
+        ]
+        self.optimizer = build_optimizer(config, param_groups)
+        # An optimizer with per-parameter norms steps over all pieces at once: its norms span
+        # them (and it may talk to the other ranks, which must then all be in the same step).
+        self._step_whole = whole_tensors
+        if isinstance(self.optimizer, Lamb):
+            self.optimizer.shard_norms(
+                dict(zip(self.params, piece_param, strict=True)),
+                len(groups.of_param),
+                sum_over_ranks,
+            )
         self._state_accounted = False
 
     def _account(self, kind: str, nbytes: int) -> None:
@@ -82,16 +133,11 @@ class MasterParams:
                 param.grad = grad
             self.optimizer.step()
         else:
-            for piece, param in enumerate(self.params):
-                grad = self._grad(piece).to(device=param.device, dtype=torch.float32)
-                self._account("buffers", tensor_bytes(grad))
-                grad.mul_(grad_scale)
-                param.grad = grad
-                self.optimizer.step()
-                param.grad = None
-                self._account("buffers", -tensor_bytes(grad))
-                index, start, stop = self.pieces[piece]
-                self.owned[index][start:stop].copy_(param.detach(), non_blocking=True)
+            # fp32 copies of the gradients, one sub-group at a time where the optimizer allows
+            # (the other sub-groups have no gradient, so a step leaves them alone).
+            everything = range(len(self.pieces))
+            for batch in [everything] if self._step_whole else [[i] for i in everything]:
+                self._step_separate(batch, grad_scale)
         for param in self.params:
             param.grad = None
         if not self._state_accounted:
@@ -107,6 +153,21 @@ class MasterParams:
                 ),
             )
 
+    def _step_separate(self, pieces: Sequence[int], grad_scale: float) -> None:
+        grads = [
+            self._grad(i).to(device=self.params[i].device, dtype=torch.float32) for i in pieces
+        ]
+        nbytes = sum(tensor_bytes(g) for g in grads)
+        self._account("buffers", nbytes)
+        for piece, grad in zip(pieces, grads, strict=True):
+            self.params[piece].grad = grad.mul_(grad_scale)
+        self.optimizer.step()
+        for piece in pieces:
+            self.params[piece].grad = None
+            index, start, stop = self.pieces[piece]
+            self.owned[index][start:stop].copy_(self.params[piece].detach(), non_blocking=True)
+        self._account("buffers", -nbytes)
+
     def grad_square_sum(self) -> torch.Tensor:
         """Sum of squares of this rank's gradients, in fp32 (for norms and overflow checks)."""
         norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in self.owned_grads]
@@ -117,3 +178,21 @@ class MasterParams:
         """Copy the owned model parameters into the fp32 master (after loading weights)."""
         if self.separate:
             self.flat.copy_(torch.cat([piece.reshape(-1) for piece in self.owned]))
+
+
+def _runs(
+    ranges: Sequence[tuple[int, int, int]], group_of: Sequence[int], per_param: bool
+) -> Iterator[tuple[int, int, int, int]]:
+    """``(param, start, stop, group)`` runs of a piece: adjacent parameters of one group
+    merged into one run (param then -1), unless every parameter must stay on its own."""
+    run: list[int] | None = None
+    for param, begin, end in ranges:
+        group = group_of[param]
+        if run is not None and not per_param and run[3] == group and run[2] == begin:
+            run[0], run[2] = -1, end
+            continue
+        if run is not None:
+            yield run[0], run[1], run[2], run[3]
+        run = [param, begin, end, group]
+    if run is not None:
+        yield run[0], run[1], run[2], run[3]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -15,7 +15,12 @@ class Lamb(torch.optim.Optimizer):
     """LAMB (You et al., 2019): Adam's update rescaled per tensor by ``‖w‖ / ‖update‖``.
 
     The trust ratio is clamped to ``[min_coeff, max_coeff]`` as in DeepSpeed's FusedLamb;
-    ``max_grad_norm`` > 0 first clips the gradients of all tensors by their global norm.
+    ``max_grad_norm`` > 0 first clips each group's gradients by their global norm.
+
+    Under ZeRO a rank holds slices of parameters, so the norms must be those of the whole
+    parameters: :meth:`shard_norms` says which parameter each slice belongs to and how to sum
+    over ranks. (DeepSpeed's ZeRO takes the norms of each rank's flat partition instead, so
+    its sharded Lamb differs from Lamb.)
 
     Example:
         >>> w = torch.nn.Parameter(torch.ones(3))
@@ -46,59 +51,133 @@ class Lamb(torch.optim.Optimizer):
             max_grad_norm=max_grad_norm,
         )
         super().__init__(params, defaults)
+        self._tensor_of: dict[torch.Tensor, int] | None = None
+        self._num_tensors = 0
+        self._sum_over_ranks: SumOverRanks | None = None
+
+    def shard_norms(
+        self,
+        tensor_of: dict[torch.Tensor, int],
+        num_tensors: int,
+        sum_over_ranks: SumOverRanks | None,
+    ) -> None:
+        """Take norms over whole parameters that are split across slices (and ranks).
+
+        Args:
+            tensor_of: for each optimizer parameter (a slice), the index of its parameter.
+            num_tensors: how many parameters there are, on all ranks together.
+            sum_over_ranks: sums a small tensor over ranks (None: this rank holds all).
+                Every rank must call :meth:`step` together, since it calls this.
+        """
+        self._tensor_of, self._num_tensors = tensor_of, num_tensors
+        self._sum_over_ranks = sum_over_ranks
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            clip = 1.0
-            if group["max_grad_norm"] > 0:
-                norm = torch.linalg.vector_norm(
-                    torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params])
-                )
-                clip = min(1.0, group["max_grad_norm"] / (float(norm) + 1e-6))
-            beta1, beta2 = group["betas"]
+        groups = [(g, [p for p in g["params"] if p.grad is not None]) for g in self.param_groups]
+        flat = [p for _, params in groups for p in params]
+        if self._tensor_of is None:
+            tensor_of, num_tensors = {p: i for i, p in enumerate(flat)}, len(flat)
+        else:
+            tensor_of, num_tensors = self._tensor_of, self._num_tensors
+        clips = self._clip_coefficients(groups)
+        # Pass 1: advance the moments and sum the squares of weights and updates per tensor.
+        # The update is recomputed in pass 2 rather than kept, so no slice-sized copy lives on.
+        square_terms, tensors = [], []
+        for (group, params), clip in zip(groups, clips, strict=True):
             for p in params:
-                self._update(
-                    p, p.grad.float() * clip if clip != 1.0 else p.grad, group, beta1, beta2
-                )
+                self._advance_moments(p, p.grad if clip == 1.0 else p.grad * clip, group)
+                update = self._update(p, group)
+                square_terms.append(torch.stack([_square_sum(p), _square_sum(update)]))
+                tensors.append(tensor_of[p])
+        device = flat[0].device if flat else torch.device("cpu")
+        squares = torch.zeros(2, num_tensors, dtype=torch.float32, device=device)
+        if tensors:
+            index = torch.tensor(tensors, device=device)
+            squares.index_add_(1, index, torch.stack(square_terms, dim=1))
+        if self._sum_over_ranks is not None:
+            squares = self._sum_over_ranks(squares)
+        weight_norms, update_norms = squares.sqrt().tolist()
+        for group, params in groups:
+            for p in params:
+                weight_norm, update_norm = weight_norms[tensor_of[p]], update_norms[tensor_of[p]]
+                trust = _trust_ratio(weight_norm, update_norm, group)
+                p.add_(self._update(p, group), alpha=-group["lr"] * trust)
         return loss
 
-    def _update(
-        self, p: torch.Tensor, grad: torch.Tensor, group: dict[str, Any], beta1: float, beta2: float
-    ) -> None:
+    def _clip_coefficients(
+        self, groups: list[tuple[dict[str, Any], list[torch.Tensor]]]
+    ) -> list[float]:
+        """Per group, what its gradients are multiplied by so their global norm is at most
+        ``max_grad_norm`` (1.0 where it is 0)."""
+        if not any(group["max_grad_norm"] > 0 for group, _ in groups):
+            return [1.0] * len(groups)
+        device = groups[0][1][0].device if groups[0][1] else torch.device("cpu")
+        squares = torch.stack(
+            [
+                torch.stack([_square_sum(p.grad) for p in params if p.grad is not None]).sum()
+                if params
+                else torch.zeros((), device=device)
+                for _, params in groups
+            ]
+        )
+        if self._sum_over_ranks is not None:
+            squares = self._sum_over_ranks(squares)
+        return [
+            min(1.0, group["max_grad_norm"] / (norm + 1e-6)) if group["max_grad_norm"] > 0 else 1.0
+            for (group, _), norm in zip(groups, squares.sqrt().tolist(), strict=True)
+        ]
+
+    def _advance_moments(self, p: torch.Tensor, grad: torch.Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
         if not state:
             state["step"] = 0
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         state["step"] += 1
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        beta1, beta2 = group["betas"]
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """Adam's direction (bias-corrected if asked) plus weight decay, from the moments."""
+        state = self.state[p]
+        exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
+        beta1, beta2 = group["betas"]
         if group["bias_correction"]:
-            exp_avg_hat = exp_avg / (1 - beta1 ** state["step"])
-            denom = (exp_avg_sq / (1 - beta2 ** state["step"])).sqrt_().add_(group["eps"])
+            denom = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(group["eps"])
+            update = exp_avg.div(1 - beta1**step).div_(denom)
         else:
-            exp_avg_hat, denom = exp_avg, exp_avg_sq.sqrt().add_(group["eps"])
-        update = exp_avg_hat.div_(denom) if exp_avg_hat is not exp_avg else exp_avg / denom
+            update = exp_avg / exp_avg_sq.sqrt().add_(group["eps"])
         if group["weight_decay"]:
             update.add_(p, alpha=group["weight_decay"])
-        weight_norm = float(torch.linalg.vector_norm(p))
-        update_norm = float(torch.linalg.vector_norm(update))
-        trust = 1.0
-        if weight_norm > 0 and update_norm > 0 and math.isfinite(update_norm):
-            trust = min(max(weight_norm / update_norm, group["min_coeff"]), group["max_coeff"])
-        p.add_(update, alpha=-group["lr"] * trust)
+        return update
 
 
-def build_optimizer(
-    config: OptimizerConfig | None, params: list[torch.Tensor]
-) -> torch.optim.Optimizer:
-    """The optimizer ``config`` names over ``params``; DeepSpeed's default (Adam, lr 1e-3) if none.
+SumOverRanks = Callable[[torch.Tensor], torch.Tensor]
+Params = list[torch.Tensor] | list[dict[str, Any]]
+
+
+def _trust_ratio(weight_norm: float, update_norm: float, group: dict[str, Any]) -> float:
+    if weight_norm > 0 and update_norm > 0 and math.isfinite(update_norm):
+        return float(min(max(weight_norm / update_norm, group["min_coeff"]), group["max_coeff"]))
+    return 1.0
+
+
+def _square_sum(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(tensor, dtype=torch.float32).square()
+
+
+def needs_whole_tensors(config: OptimizerConfig | None) -> bool:
+    """Whether the optimizer computes per-parameter quantities (Lamb's trust ratio): it must
+    then be given one tensor per parameter slice, never a run of several parameters."""
+    return config is not None and config.type.lower() == "lamb"
+
+
+def build_optimizer(config: OptimizerConfig | None, params: Params) -> torch.optim.Optimizer:
+    """The optimizer ``config`` names over ``params`` (tensors, or param groups with their own
+    options); DeepSpeed's default (Adam, lr 1e-3) if none.
 
     DeepSpeed spellings map onto torch: ``Adam`` with ``adam_w_mode`` (its default) is AdamW,
     ``torch_adam``/``bias_correction`` are DeepSpeed-kernel switches with no torch equivalent.
@@ -134,7 +213,7 @@ def build_optimizer(
     return _construct(found, params, kwargs, config.type)
 
 
-def _prefer_fused(kwargs: dict[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:
+def _prefer_fused(kwargs: dict[str, Any], params: Params) -> dict[str, Any]:
     """``kwargs`` asking for torch's fused kernel unless the config chose an implementation.
 
     The engine hands the optimizer a few large flat tensors; torch's default on CPU (one
@@ -145,7 +224,8 @@ def _prefer_fused(kwargs: dict[str, Any], params: list[torch.Tensor]) -> dict[st
     """
     if "fused" in kwargs or "foreach" in kwargs:
         return kwargs
-    if not all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params):
+    tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
+    if not all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in tensors):
         return kwargs
     return {**kwargs, "fused": True}
 
@@ -163,7 +243,7 @@ def optimizer_state_floats(config: OptimizerConfig | None) -> int:
 
 
 def _construct(
-    cls: type[torch.optim.Optimizer], params: list[torch.Tensor], kwargs: dict[str, Any], name: str
+    cls: type[torch.optim.Optimizer], params: Params, kwargs: dict[str, Any], name: str
 ) -> torch.optim.Optimizer:
     try:
         return cls(params, **kwargs)

@@ -83,6 +83,25 @@ class FlatLayout:
     def offset_in_segment(self, param: int) -> int:
         return self.param_offsets[param] - self.segments[self.param_segment[param]].offset
 
+    def params_in(self, segment: int, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """``(param, begin, end)`` of the parameters in ``[start, stop)`` of a segment.
+
+        Offsets are relative to ``start``; padding belongs to no parameter and is left out.
+
+        Example:
+            >>> layout = FlatLayout.build([3, 2], [2], world_size=2)  # one segment, 6 long
+            >>> layout.params_in(0, 3, 6)  # rank 1's chunk: parameter 1, then padding
+            [(1, 0, 2)]
+        """
+        seg = self.segments[segment]
+        ranges = []
+        for param in seg.params:
+            begin = self.param_offsets[param] - seg.offset
+            end = begin + self.param_numels[param]
+            if begin < stop and end > start:
+                ranges.append((param, max(begin, start) - start, min(end, stop) - start))
+        return ranges
+
     def gather_chunks(self, max_numel: int) -> list[list[tuple[int, int, int]]]:
         """Split the shard into all-gather rounds of at most ``max_numel`` gathered elements.
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autotune.engine import initialize, model_state_bytes
+from autotune.engine import Lamb, initialize, model_state_bytes
 
 VOCAB, WIDTH, SEQ = 32, 16, 6
 
@@ -50,6 +50,24 @@ def _side_used(step: int) -> bool:
     return step % 2 == 0
 
 
+def param_groups(model: TinyNet) -> list[dict[str, Any]]:
+    """Groups as training scripts make them: no decay on biases and the norm, a slower
+    embedding. Their parameters sit side by side in the engine's flat buffers."""
+    plain = [model.embed.weight]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "norm" in n]
+    chosen = {id(p) for p in [*plain, *no_decay]}
+    decay = [p for p in model.parameters() if id(p) not in chosen]
+    return [
+        {"params": decay, "weight_decay": 0.2},
+        {"params": no_decay, "weight_decay": 0.0},
+        {"params": plain, "lr": 3e-3},
+    ]
+
+
+def _optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    return Lamb if name == "Lamb" else getattr(torch.optim, name)  # type: ignore[no-any-return]
+
+
 def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + step)
     return torch.randint(0, VOCAB, (size, SEQ), generator=gen), torch.randn(size, generator=gen)
@@ -83,16 +101,20 @@ def train(
     steps: int,
     side: bool = False,
     backend_collectives: bool = False,
+    groups: bool = False,
     **init: Any,
 ) -> Any:
     """Train a TinyNet for ``steps`` optimizer steps on this rank's part of each global batch.
 
     ``side``: the model has a branch used on even steps only. ``backend_collectives``: use
     gloo's own reduce-scatter and all-gather instead of the engine's exchanges (the path every
-    other backend takes).
+    other backend takes). ``groups``: train with :func:`param_groups`.
     """
     world, rank = dist.get_world_size(), dist.get_rank()
-    engine, _, _, _ = initialize(model=make_model(side=side), config=config, **init)
+    model = make_model(side=side)
+    if groups:
+        init["model_parameters"] = param_groups(model)
+    engine, _, _, _ = initialize(model=model, config=config, **init)
     if backend_collectives:
         engine.comm.exchange = False
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
@@ -107,13 +129,16 @@ def train(
     return engine
 
 
-def reference(config: dict[str, Any], steps: int, side: bool = False) -> dict[str, torch.Tensor]:
-    """The same training in one process on the whole global batch, with plain torch."""
+def reference(
+    config: dict[str, Any], steps: int, side: bool = False, groups: bool = False
+) -> dict[str, torch.Tensor]:
+    """The same training in one process on the whole global batch, with plain torch (and
+    the engine's Lamb, unsharded, whose formula the unit tests check)."""
     world = dist.get_world_size()
     model = make_model(side=side)
     opt_cfg = config["optimizer"]
-    cls = getattr(torch.optim, opt_cfg["type"])
-    optimizer = cls(model.parameters(), **opt_cfg["params"])
+    params = param_groups(model) if groups else model.parameters()
+    optimizer = _optimizer_class(opt_cfg["type"])(params, **opt_cfg["params"])
     size = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * world
     for step in range(steps):
         model.use_side = _side_used(step)
@@ -133,10 +158,11 @@ def match_reference(
     rtol: float = 1.3e-6,
     side: bool = False,
     backend_collectives: bool = False,
+    groups: bool = False,
 ) -> float:
-    engine = train(config, steps, side=side, backend_collectives=backend_collectives)
+    engine = train(config, steps, side=side, backend_collectives=backend_collectives, groups=groups)
     ours = engine.module_state_dict()
-    expected = reference(config, steps, side=side)
+    expected = reference(config, steps, side=side, groups=groups)
     for name, value in expected.items():
         torch.testing.assert_close(ours[name].float(), value, atol=atol, rtol=rtol, msg=name)
     return max(float((ours[k].float() - v).abs().max()) for k, v in expected.items())

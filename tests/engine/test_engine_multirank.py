@@ -82,6 +82,32 @@ def test_knob_variants_still_match(pool: RankPool, stage: int) -> None:
     pool.run(cases.match_reference, cases.base_config(zero, gas=2))
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_param_groups_keep_their_options(pool: RankPool, stage: int) -> None:
+    # Groups with different weight decay and learning rate share segments and shards.
+    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=2, clip=0.5)
+    pool.run(cases.match_reference, config, groups=True)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_lamb_trust_ratio_is_per_parameter(pool: RankPool, stage: int) -> None:
+    # Parameters split across ranks and sub-groups: the norms must still be whole-tensor.
+    zero = {"stage": stage, **SMALL_BUCKETS, "sub_group_size": 50}
+    config = cases.base_config(zero, optimizer="Lamb")
+    config["optimizer"]["params"].update(weight_decay=0.1, max_grad_norm=0.5)
+    pool.run(cases.match_reference, config, groups=True)
+
+
+@pytest.mark.parametrize("optimizer", ["AdamW", "Lamb"])
+def test_offload_and_bf16_with_groups(pool: RankPool, optimizer: str) -> None:
+    offload = {"stage": 2, **SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
+    pool.run(cases.match_reference, cases.base_config(offload, optimizer=optimizer), groups=True)
+    bf16 = cases.base_config(
+        {"stage": 3, **SMALL_BUCKETS}, precision="bf16", optimizer=optimizer, gas=2
+    )
+    pool.run(cases.match_reference, bf16, groups=True, atol=3e-2, rtol=3e-2)
+
+
 def test_cpu_offload_matches(pool: RankPool) -> None:
     zero = {"stage": 2, **SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
     pool.run(cases.match_reference, cases.base_config(zero))
@@ -171,8 +197,10 @@ def test_model_state_bytes_follow_zero_formulas(pool: RankPool, stage: int) -> N
         slack = held["padding_elements"] * 4 * 4  # params, grads, two Adam states
         assert held["master"] == 0
         ours = held["params"] + held["grads"] + held["optimizer_state"]
-        assert held["formula_total"] <= ours <= held["formula_total"] + slack, held
-        assert held["formula_optimizer_state"] <= held["optimizer_state"]
+        # Padding is held in the flat buffers but has no optimizer state, so a rank whose
+        # chunks end in padding holds a little less than the even split the formula assumes.
+        assert abs(ours - held["formula_total"]) <= slack, held
+        assert abs(held["optimizer_state"] - held["formula_optimizer_state"]) <= slack, held
 
 
 @pytest.mark.parametrize("stage", [0, 3])

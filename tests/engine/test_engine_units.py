@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -233,3 +234,32 @@ def test_activations_are_counted_and_released() -> None:
     assert engine.memory_breakdown()["activations"] >= 64 * 4 * 4
     engine.backward(loss)
     assert engine.memory_breakdown()["activations"] == 0
+
+
+def test_param_groups_become_optimizer_groups() -> None:
+    model = _model()
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    _, optimizer, _, _ = initialize(
+        model=model,
+        model_parameters=[{"params": weights, "lr": 0.5}, {"params": biases, "weight_decay": 0.0}],
+        config={"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}},
+    )
+    assert [g["lr"] for g in optimizer.param_groups] == [0.5, 1e-3]
+    assert optimizer.param_groups[1]["weight_decay"] == 0.0
+    held = [sum(p.numel() for p in g["params"]) for g in optimizer.param_groups]
+    assert held == [sum(p.numel() for p in weights), sum(p.numel() for p in biases)]
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        (lambda m: [{"lr": 0.1}], "has no 'params'"),
+        (lambda m: [{"params": list(m.parameters())}, *m.parameters()], "more than one"),
+        (lambda m: [torch.nn.Parameter(torch.zeros(2))], "not a parameter of the model"),
+    ],
+)
+def test_bad_param_groups_name_the_problem(groups: Any, message: str) -> None:
+    model = _model()
+    with pytest.raises(ValueError, match=message):
+        initialize(model=model, model_parameters=groups(model), config={"train_batch_size": 2})
