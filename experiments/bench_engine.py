@@ -582,7 +582,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="measured steps per trial")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory-steps", type=int, default=2)
-    parser.add_argument("--only", nargs="*", help="strategies to run (default: all)")
+    parser.add_argument(
+        "--only", nargs="*", choices=list(STRATEGIES), help="strategies to run (default: all)"
+    )
     parser.add_argument("--deepspeed-python", type=Path, default=DEFAULT_DS_PYTHON)
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_engine")
     parser.add_argument(

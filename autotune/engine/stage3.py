@@ -121,6 +121,7 @@ class Stage3Params:
         self._live_numel = 0
         self.peak_live_numel = 0  # most gathered (non-persistent) elements at once
         self.prefetched = 0  # units gathered ahead of need
+        self.peak_ahead_numel = 0  # most elements gathered ahead of need at once
         self._trace: list[int] = []
         self._recording = True
         self._cursor = 0
@@ -343,18 +344,28 @@ class Stage3Params:
                 return
 
     def _prefetch(self) -> None:
+        """Gather the next units of the trace while at most ``stage3_prefetch_bucket_size``
+        elements are gathered ahead of need. Units already gathered ahead (prefetched earlier,
+        or kept for reuse) use up the bucket too; otherwise every fetch would reach a bucket
+        further and the whole model would end up gathered."""
         if self._recording:
             return
-        budget = self.limits.prefetch_numel
-        for index in self._trace[self._cursor :]:
+        upcoming = [
+            i for i in dict.fromkeys(self._trace[self._cursor :]) if not self.units[i].active
+        ]
+        ahead = sum(self.units[i].numel for i in upcoming if self.units[i].full is not None)
+        for index in upcoming:
             unit = self.units[index]
             if unit.full is not None:
                 continue
-            if unit.numel > budget or (self._live_numel + unit.numel > self.limits.max_live_numel):
-                return
-            budget -= unit.numel
+            if ahead + unit.numel > self.limits.prefetch_numel or (
+                self._live_numel + unit.numel > self.limits.max_live_numel
+            ):
+                break
             self._start_gather(index)
             self.prefetched += 1
+            ahead += unit.numel
+        self.peak_ahead_numel = max(self.peak_ahead_numel, ahead)
 
     def _reuse_distance(self, index: int) -> int:
         """Elements fetched before ``index`` is needed again in this micro-batch (or never)."""

@@ -174,7 +174,11 @@ def collectives(config: dict[str, Any], steps: int = 2) -> dict[str, Any]:
     log = engine.comm.log
     extra = {}
     if engine.stage3 is not None:
-        extra = {"prefetched": engine.stage3.prefetched, "peak_live": engine.stage3.peak_live_numel}
+        extra = {
+            "prefetched": engine.stage3.prefetched,
+            "peak_live": engine.stage3.peak_live_numel,
+            "peak_ahead": engine.stage3.peak_ahead_numel,
+        }
     return {
         "calls": dict(log.calls),
         "in_backward": dict(log.calls_in_backward),

@@ -185,6 +185,16 @@ def test_stage3_knobs(pool: RankPool) -> None:
     assert capped["peak_live"] <= 1200 < prefetch["peak_live"]  # type: ignore[operator]
 
 
+def test_stage3_prefetch_stays_within_its_bucket(pool: RankPool) -> None:
+    # What is gathered ahead of need counts against the bucket, whether prefetched by an
+    # earlier fetch or not: otherwise each fetch reaches one bucket further.
+    zero = {"reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0}
+    small = _calls(pool, 3, **zero, stage3_prefetch_bucket_size=1100, stage3_max_reuse_distance=0)
+    assert 0 < small["peak_ahead"] <= 1100  # type: ignore[operator]
+    large = _calls(pool, 3, **zero, stage3_prefetch_bucket_size=10**6, stage3_max_reuse_distance=0)
+    assert small["peak_live"] < large["peak_live"]  # type: ignore[operator]
+
+
 def test_sub_group_size_splits_the_optimizer(pool: RankPool) -> None:
     whole = _calls(pool, 2)["optimizer_tensors"]
     split = _calls(pool, 2, sub_group_size=100)["optimizer_tensors"]
