@@ -109,6 +109,10 @@ def run(
         RunnerKind, typer.Option(case_sensitive=False, help="ray: warm actors; local: fresh.")
     ] = RunnerKind.ray,
     cpus_per_rank: Annotated[int, typer.Option(min=1)] = 1,
+    gpus_per_rank: Annotated[
+        float | None,
+        typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
+    ] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Log lines, no live display.")
@@ -165,7 +169,7 @@ def run(
     console = Console(stderr=False)
     try:
         with (
-            _make_runner(runner, ray_address) as experiment_runner,
+            _make_runner(runner, ray_address, gpus_per_rank) as experiment_runner,
             Progress(console, quiet, cfg.autotuning.tuner_num_trials) as progress,
         ):
             report = tune(job, experiment_runner, on_event=progress)
@@ -181,14 +185,14 @@ def run(
     print_report(console, report)
 
 
-def _make_runner(kind: RunnerKind, ray_address: str | None) -> Any:
+def _make_runner(kind: RunnerKind, ray_address: str | None, gpus_per_rank: float | None) -> Any:
     from autotune.runner import LocalRunner
 
     if kind is RunnerKind.local:
         return contextlib.nullcontext(LocalRunner())
     from autotune.runner.ray_runner import RayRunner
 
-    return RayRunner(address=ray_address)
+    return RayRunner(address=ray_address, gpus_per_rank=gpus_per_rank)
 
 
 @app.command()

@@ -7,7 +7,7 @@ ExperimentResult and never raise for a failed experiment.
 from typing import Any
 
 from autotune.runner.local import LocalRunner, free_port, run_local
-from autotune.runner.outcome import combine_outcomes
+from autotune.runner.outcome import combine_outcomes, experiment_verdict
 from autotune.runner.rank import RankOutcome, run_rank
 
 
@@ -25,6 +25,7 @@ __all__ = [
     "RankOutcome",
     "RayRunner",
     "combine_outcomes",
+    "experiment_verdict",
     "free_port",
     "run_local",
     "run_rank",

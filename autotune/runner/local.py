@@ -18,11 +18,13 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
-from autotune.runner.outcome import combine_outcomes
+from autotune.runner.outcome import experiment_verdict
 from autotune.runner.rank import RankOutcome
 
 # After the first rank fails, how long the others get to report before they are killed.
 FAILURE_GRACE_S = 10.0
+# How a process killed by SIGKILL ends: -9 from multiprocessing, 128 + 9 through a shell.
+_SIGKILL_EXIT_CODES = (-signal.SIGKILL.value, 128 + signal.SIGKILL.value)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -48,7 +50,8 @@ def run_local(spec: ExperimentSpec) -> ExperimentResult:
     """Run ``spec`` on ``spec.world_size`` spawned processes with a wall-clock limit.
 
     A rank that raises, runs out of memory, dies or outlives ``spec.timeout_s`` gives a result
-    with status ``error`` / ``oom`` / ``timeout``; no rank process outlives this call.
+    with status ``error`` / ``oom`` / ``timeout``; a rank process killed by SIGKILL (most
+    likely the kernel's OOM killer) gives ``oom``. No rank process outlives this call.
     """
     started_at, started = utc_now(), time.perf_counter()
     context = mp.get_context("spawn")
@@ -79,12 +82,10 @@ def run_local(spec: ExperimentSpec) -> ExperimentResult:
 
     outcomes: dict[int, RankOutcome] = {}
     deadline = started + spec.timeout_s
-    timed_out = False
     try:
         while len(outcomes) < spec.world_size:
             now = time.perf_counter()
             if now >= deadline:
-                timed_out = True
                 break
             try:
                 outcome = reports.get(timeout=min(0.2, deadline - now))
@@ -102,21 +103,7 @@ def run_local(spec: ExperimentSpec) -> ExperimentResult:
         _stop(processes)
         reports.close()
 
-    total_s = time.perf_counter() - started
-    if timed_out and all(o.status is Status.ok for o in outcomes.values()):
-        return ExperimentResult(
-            name=spec.name,
-            status=Status.timeout,
-            error=f"timeout: no verdict within {spec.timeout_s:g} s "
-            f"({len(outcomes)} of {spec.world_size} ranks had finished)",
-            started_at=started_at,
-            timings=Timings(total_s=total_s),
-        )
-    for rank in range(spec.world_size):
-        if rank not in outcomes:  # killed by us after a peer failed: a consequence
-            outcomes[rank] = _died(rank, processes[rank].exitcode, peer_failure=True)
-    result = combine_outcomes(spec.name, list(outcomes.values()), started_at)
-    return result.with_timings(total_s=total_s)
+    return experiment_verdict(spec, outcomes, started_at, time.perf_counter() - started)
 
 
 def _rank_main(
@@ -135,17 +122,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _died(rank: int, exitcode: int | None, peer_failure: bool = False) -> RankOutcome:
-    if exitcode is not None and exitcode < 0:
+def _died(rank: int, exitcode: int | None) -> RankOutcome:
+    """The outcome of a rank process seen to end without a report, while the runner waits."""
+    status = Status.error
+    if exitcode in _SIGKILL_EXIT_CODES:
+        # This runner sends SIGKILL only after its verdict (_stop), so this one came from
+        # outside: on a training machine that is almost always the kernel's OOM killer.
+        status, cause = Status.oom, "killed by SIGKILL, most likely the kernel's OOM killer"
+    elif exitcode is not None and exitcode < 0:
         cause = f"killed by {signal.Signals(-exitcode).name}"
     else:
         cause = f"exit code {exitcode}"
     return RankOutcome(
         rank=rank,
-        status=Status.error,
+        status=status,
         error=f"RankDied: rank {rank} process ended without a report ({cause})",
         failed_at=time.time(),
-        peer_failure=peer_failure,
     )
 
 

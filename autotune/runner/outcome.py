@@ -2,10 +2,63 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
-from autotune.experiment import ExperimentResult, Metrics, Status, Timings
+from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
 from autotune.runner.rank import RankOutcome
+
+
+def experiment_verdict(
+    spec: ExperimentSpec,
+    reports: Mapping[int, RankOutcome],
+    started_at: str,
+    total_s: float,
+    node_of: Callable[[int], str] | None = None,
+) -> ExperimentResult:
+    """The result of an experiment once its runner stops waiting for it, every rank reported
+    or not.
+
+    A rank missing from ``reports`` is silent: it neither reported nor was seen to die before
+    the runner stopped it (at the deadline, or a grace period after a peer's failure). With no
+    failure reported, silence means the experiment ran out of time: status ``timeout``. After
+    a failure, silence is that failure's consequence: a silent rank is recorded as a peer
+    failure (never the cause) and every rank is combined by :func:`combine_outcomes`.
+
+    Args:
+        spec: the experiment.
+        reports: by rank, what each rank that was heard from reported.
+        started_at: when the experiment started (ISO 8601).
+        total_s: the experiment's wall time as the runner saw it.
+        node_of: the node a silent rank ran on (default: this machine).
+    """
+    if len(reports) < spec.world_size and all(o.status is Status.ok for o in reports.values()):
+        return ExperimentResult(
+            name=spec.name,
+            status=Status.timeout,
+            error=f"timeout: no verdict within {spec.timeout_s:g} s "
+            f"({len(reports)} of {spec.world_size} ranks had finished)",
+            started_at=started_at,
+            timings=Timings(total_s=total_s),
+        )
+    outcomes = [
+        reports[rank] if rank in reports else _silent_after_failure(rank, node_of)
+        for rank in range(spec.world_size)
+    ]
+    return combine_outcomes(spec.name, outcomes, started_at).with_timings(total_s=total_s)
+
+
+def _silent_after_failure(rank: int, node_of: Callable[[int], str] | None) -> RankOutcome:
+    outcome = RankOutcome(
+        rank=rank,
+        status=Status.error,
+        error=f"RankUnresponsive: rank {rank} gave no report after a peer's failure; "
+        "the runner stopped it",
+        failed_at=time.time(),
+        peer_failure=True,
+    )
+    return replace(outcome, node_id=node_of(rank)) if node_of is not None else outcome
 
 
 def combine_outcomes(

@@ -12,7 +12,10 @@ Failure isolation, mirroring :mod:`autotune.runner.local`:
   reports, the result carries the status, and the gang stays warm.
 - A hang: the experiment is cut at ``spec.timeout_s``; its actors are killed and replaced.
 - An actor that dies (kill -9, segfault): status ``error`` naming the death; the gang is
-  replaced.
+  replaced. Ray's death report cannot tell the kernel's OOM killer from other causes.
+- An actor killed by Ray's memory monitor: status ``oom``; the gang is replaced.
+- More GPUs per experiment than the cluster has at all: a ``ConfigError`` before the first
+  experiment, as no experiment of that world size could ever be placed.
 
 This is the only module that imports ray. Ray starts embedded unless an address is given
 (argument or ``RAY_ADDRESS``); the runner shuts down only a Ray it started itself. The rank
@@ -43,9 +46,10 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
+from autotune.config import ConfigError
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
-from autotune.runner.outcome import combine_outcomes
+from autotune.runner.outcome import experiment_verdict
 from autotune.runner.rank import RankOutcome, failure_outcome, run_rank
 
 RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
@@ -321,53 +325,47 @@ class _Running:
 
     def result(self) -> ExperimentResult:
         total_s = time.perf_counter() - self.started
-        outcomes = dict(self.outcomes)
-        if len(outcomes) < self.spec.world_size and all(
-            o.status is Status.ok for o in outcomes.values()
-        ):
-            return ExperimentResult(
-                name=self.spec.name,
-                status=Status.timeout,
-                error=f"timeout: no verdict within {self.spec.timeout_s:g} s "
-                f"({len(outcomes)} of {self.spec.world_size} ranks had finished)",
-                started_at=self.started_at,
-                timings=Timings(total_s=total_s),
-            )
-        for rank in range(self.spec.world_size):
-            if rank not in outcomes:  # killed by us after a peer failed: a consequence
-                outcomes[rank] = RankOutcome(
-                    rank=rank,
-                    status=Status.error,
-                    error=f"RankUnresponsive: rank {rank} gave no report within "
-                    f"{FAILURE_GRACE_S:g} s of a peer's failure; its actor was killed",
-                    failed_at=time.time(),
-                    peer_failure=True,
-                    node_id=self.gang.node_id(rank),
-                )
-        result = combine_outcomes(self.spec.name, list(outcomes.values()), self.started_at)
-        return result.with_timings(total_s=total_s)
+        return experiment_verdict(
+            self.spec, self.outcomes, self.started_at, total_s, node_of=self.gang.node_id
+        )
 
     def _collect(self, rank: int, future: Any) -> RankOutcome:
         try:
             outcome: RankOutcome = ray.get(future)
             return outcome
-        except ray.exceptions.ActorDiedError as exc:
+        except (ray.exceptions.ActorDiedError, ray.exceptions.OutOfMemoryError) as exc:
             self.gang_broken = True
-            return RankOutcome(
-                rank=rank,
-                status=Status.error,
-                error=f"RankDied: rank {rank} actor died during the experiment "
-                f"({_death_cause(exc)})",
-                error_detail=str(exc),
-                failed_at=time.time(),
-                # Only the rank whose own actor died is a cause; a rank that merely waited
-                # for rank 0's address reports rank 0's death.
-                peer_failure=getattr(exc, "actor_id", None) != self._actor_id(rank),
-                node_id=self.gang.node_id(rank),
-            )
+            return self._actor_lost(rank, exc)
         except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
             self.gang_broken = True  # its state is unknown: do not reuse it
             return replace(failure_outcome(rank, exc), node_id=self.gang.node_id(rank))
+
+    def _actor_lost(self, rank: int, exc: ray.exceptions.RayError) -> RankOutcome:
+        """The outcome of a rank whose actor is gone: killed by Ray's memory monitor, or died."""
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            # The memory monitor kills an actor to save its node: the experiment needs more
+            # host memory than the node has, an OOM rather than a crash.
+            status = Status.oom
+            error = (
+                f"OutOfMemoryError: rank {rank} actor was killed by Ray's memory monitor "
+                "(its node ran low on memory)"
+            )
+            peer_failure = False
+        else:
+            status = Status.error
+            error = f"RankDied: rank {rank} actor died during the experiment ({_death_cause(exc)})"
+            # Only the rank whose own actor died is a cause; a rank that merely waited for
+            # rank 0's address reports rank 0's death.
+            peer_failure = getattr(exc, "actor_id", None) != self._actor_id(rank)
+        return RankOutcome(
+            rank=rank,
+            status=status,
+            error=error,
+            error_detail=str(exc),
+            failed_at=time.time(),
+            peer_failure=peer_failure,
+            node_id=self.gang.node_id(rank),
+        )
 
     def _actor_id(self, rank: int) -> str | None:
         actor_id = getattr(self.gang.actors[rank], "_actor_id", None)
@@ -397,6 +395,8 @@ class RayRunner:
             ``RAY_ADDRESS`` if set, else an embedded Ray is started.
         num_cpus: CPUs of an embedded Ray (default: all of this machine's).
         gpus_per_rank: GPUs per rank actor; default 1 when the cluster has GPUs, else 0.
+            An experiment of more ranks than the cluster's GPUs allow raises ``ConfigError``
+            before anything runs (0 runs ranks without GPUs).
         resources_per_rank: custom Ray resources each rank actor needs, e.g. to pin ranks to
             labelled nodes (``{"node_a": 0.5}``).
         strategy: ``PACK`` keeps an experiment's ranks on as few nodes as possible;
@@ -428,7 +428,11 @@ class RayRunner:
         self._closed = False
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
-        """Run ``spec`` and return its result; never raises for a failed experiment."""
+        """Run ``spec`` and return its result; never raises for a failed experiment.
+
+        Raises:
+            ConfigError: the cluster has too few GPUs for ``spec.world_size`` ranks.
+        """
         return next(self.run_many([spec]))
 
     def run_many(self, specs: Iterable[ExperimentSpec]) -> Iterator[ExperimentResult]:
@@ -437,10 +441,18 @@ class RayRunner:
 
         Experiments start in the order given (a large one is not overtaken by small ones).
         Leaving the loop early, an exception or Ctrl-C kills the experiments still running.
+
+        Raises:
+            ConfigError: before any experiment starts, if the cluster has too few GPUs for the
+                world size of one of ``specs``.
         """
         if self._closed:
             raise RuntimeError("this RayRunner is closed")
         pending = deque(specs)
+        if self._gpus_per_rank:
+            cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
+            for world_size in sorted({spec.world_size for spec in pending}):
+                check_gpus_fit(world_size, self._gpus_per_rank, cluster_gpus)
         running: list[_Running] = []
         waiting_since = time.perf_counter()
         finished = False
@@ -570,6 +582,26 @@ class RayRunner:
         # Whatever else has finished by now comes along without waiting.
         done, _ = ray.wait(futures, num_returns=len(futures), timeout=0)
         return list(done) or list(ready)
+
+
+def check_gpus_fit(world_size: int, gpus_per_rank: float, cluster_gpus: float) -> None:
+    """Raise :class:`ConfigError` if ``world_size`` ranks of ``gpus_per_rank`` GPUs each
+    exceed the cluster's ``cluster_gpus``.
+
+    Every experiment of that world size would then fail placement, one by one; one error up
+    front says what to change instead.
+    """
+    needed = world_size * gpus_per_rank
+    if needed <= cluster_gpus + 1e-6:  # Ray counts resources in units of 1e-4
+        return
+    fitting = int(cluster_gpus / gpus_per_rank + 1e-6)
+    fewer_ranks = f"a world size of at most {fitting}, or " if fitting else ""
+    raise ConfigError(
+        "world_size",
+        f"{world_size} ranks need {needed:g} GPUs ({gpus_per_rank:g} per rank) but the Ray "
+        f"cluster has {cluster_gpus:g}; use {fewer_ranks}gpus_per_rank=0 (--gpus-per-rank 0) "
+        "to run the ranks without GPUs",
+    )
 
 
 def _connect(address: str | None, num_cpus: int | None, quiet: bool) -> bool:

@@ -19,10 +19,13 @@ TINY_GPT = {"n_layer": 1, "d_model": 64, "n_head": 2, "seq_len": 32, "vocab": 25
 
 
 class _Faulty(nn.Module):
-    def __init__(self, inner: nn.Module, fault: str, rank_to_fail: int, seconds: float) -> None:
+    def __init__(
+        self, inner: nn.Module, fault: str, rank_to_fail: int, seconds: float, signal_name: str
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.fault, self.rank_to_fail, self.seconds = fault, rank_to_fail, seconds
+        self.signal = signal.Signals[signal_name]
         self.calls = 0
 
     def forward(self, *inputs: Any) -> torch.Tensor:
@@ -34,11 +37,14 @@ class _Faulty(nn.Module):
             if self.fault == "sleep":
                 time.sleep(self.seconds)
             if self.fault == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), self.signal)
         return self.inner(*inputs)
 
 
-def faulty(fault: str = "raise", rank_to_fail: int = 1, seconds: float = 600.0) -> Workload:
-    """The tiny gpt with ``fault`` (raise | sleep | kill) at its second forward on one rank."""
+def faulty(
+    fault: str = "raise", rank_to_fail: int = 1, seconds: float = 600.0, signal: str = "SIGKILL"
+) -> Workload:
+    """The tiny gpt with ``fault`` (raise | sleep | kill: send itself ``signal``) at its second
+    forward on one rank."""
     base = resolve_workload("gpt", TINY_GPT)
-    return Workload(_Faulty(base.model, fault, rank_to_fail, seconds), base.make_batch)
+    return Workload(_Faulty(base.model, fault, rank_to_fail, seconds, signal), base.make_batch)

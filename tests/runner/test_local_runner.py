@@ -86,14 +86,28 @@ def test_exceeding_the_memory_budget_is_status_oom() -> None:
 
 def test_a_hang_is_cut_by_the_timeout() -> None:
     result = run_local(spec("hang", FAULTY, {"fault": "sleep", "rank_to_fail": 0}, timeout_s=12))
-    assert result.status is Status.timeout
+    # The runner's own SIGKILL of the hung ranks is not mistaken for the OOM killer's.
+    assert result.status is Status.timeout, result.error
+    assert result.error is not None and result.error.startswith("timeout: no verdict within 12 s")
     assert result.timings.total_s < 25
 
 
-def test_a_rank_that_dies_is_status_error_naming_the_signal() -> None:
+def test_a_rank_killed_by_sigkill_is_status_oom_blaming_the_oom_killer() -> None:
     result = run_local(spec("kill", FAULTY, {"fault": "kill", "rank_to_fail": 1}))
+    assert result.status is Status.oom, result.error
+    assert result.failed_rank == 1
+    assert result.error == (
+        "RankDied: rank 1 process ended without a report "
+        "(killed by SIGKILL, most likely the kernel's OOM killer)"
+    )
+
+
+def test_a_rank_that_dies_of_another_signal_is_status_error_naming_it() -> None:
+    args = {"fault": "kill", "rank_to_fail": 1, "signal": "SIGTERM"}
+    result = run_local(spec("term", FAULTY, args))
     assert result.status is Status.error
-    assert result.error is not None and "SIGKILL" in result.error
+    assert result.failed_rank == 1
+    assert result.error is not None and "killed by SIGTERM" in result.error
 
 
 def test_user_workload_from_a_module_in_a_temporary_directory(
