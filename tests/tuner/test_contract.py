@@ -118,3 +118,10 @@ def test_an_invalid_micro_batch_is_skipped_not_the_end_of_the_search() -> None:
     candidate = Tuner(config).ask()
     assert candidate is not None and candidate.micro_batch_size == 4
     assert candidate.ds_config["gradient_accumulation_steps"] == 3
+
+
+def test_the_same_seed_proposes_the_same_experiments(tuner_type: str) -> None:
+    def names(seed: int) -> list[str]:
+        return [c.name for c in drive(small_tuner(tuner_type, seed=seed), Landscape(noise=0.05))]
+
+    assert names(0) == names(0)
