@@ -87,7 +87,6 @@ class ZeroEngine(nn.Module):
             self.params, owned = self._build_flat(trainable)
         else:
             self.params, owned = self._build_stage3(trainable)
-        sharded = self.zero.stage > 0 and self.comm.group is not None
         self.master = MasterParams(
             owned,
             self.grads.owned_grads,
@@ -97,7 +96,8 @@ class ZeroEngine(nn.Module):
             self.memory,
             offload=self.zero.offload_optimizer,
             sub_group_numel=self.zero.sub_group_numel,
-            sum_over_ranks=self.comm.sum_small if sharded else None,
+            # From stage 1 on a parameter may be split across ranks (a world of one sums nothing).
+            sum_over_ranks=self.comm.sum_small if self.zero.stage > 0 else None,
         )
         self.optimizer = self.master.optimizer
         self.lr_scheduler = build_scheduler(config.scheduler, self.optimizer)

@@ -37,10 +37,6 @@ class ParamGroups:
     options: tuple[dict[str, Any], ...]
     of_param: tuple[int, ...]
 
-    @classmethod
-    def single(cls, num_params: int) -> ParamGroups:
-        return cls(({},), (0,) * num_params)
-
 
 class MasterParams:
     """The optimizer over this rank's owned parameters.
