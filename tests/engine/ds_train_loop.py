@@ -47,5 +47,9 @@ weights = engine.module_state_dict()["0.weight"]
 gathered = [torch.empty_like(weights) for _ in range(2)]
 dist.all_gather(gathered, weights)
 assert torch.equal(gathered[0], gathered[1]), "ranks disagree on the weights"
-print(f"rank {dist.get_rank()} ok: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+print(f"rank {dist.get_rank()} ok: loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+# Tear down in step: gloo sometimes aborts a rank ("terminate called without an active
+# exception") when its peer destroys the group, or exits, while it is still tearing down.
+del engine, optimizer, loader, scheduler
+dist.barrier()
 dist.destroy_process_group()
