@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.config import Config, ConfigError, load_config
+from autotune.engine import hooks
 from autotune.engine.comm import Communicator, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.loss_scaler import build_loss_scaler
@@ -288,10 +289,14 @@ class ZeroEngine(nn.Module):
 
     def step(self) -> None:
         """Count a micro-batch; at an accumulation boundary, update the parameters."""
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             self._optimizer_step()
             self.global_steps += 1
         self.micro_steps += 1
+        observer = hooks.current()
+        if boundary and observer is not None:
+            observer.on_optimizer_step(self)
 
     def is_gradient_accumulation_boundary(self) -> bool:
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
@@ -515,6 +520,9 @@ def initialize(
             "config; pass them there (optimizer, scheduler)"
         )
     source = config if config is not None else config_params
+    observer = hooks.current()
+    if observer is not None:  # script mode: the experiment's config replaces the script's
+        source = observer.configure(source)
     if source is None:
         raise ConfigError("", "initialize() needs a config")
     group = resolve_group(process_group)
@@ -524,6 +532,8 @@ def initialize(
     else:
         loaded = load_config(source, world_size=world_size)
     engine = ZeroEngine(model, loaded, group, model_parameters, device_memory_bytes)
+    if observer is not None:
+        observer.on_engine(engine)
     loader = None
     if training_data is not None:
         sampler: torch.utils.data.Sampler[Any] | None = (
