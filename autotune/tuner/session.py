@@ -2,12 +2,17 @@
 
 The flow (DeepSpeed's, with its bugs fixed), one phase after another:
 
-1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits: start at the
-   memory estimate's largest fit, descend on failure. An ``oom`` is a constraint: every larger
-   micro-batch with the same stage and knobs is pruned unrun. (No climbing above the estimate:
-   its margin is there so that the estimate is the answer; a climb would mostly buy OOMs.)
-2. ``micro_batch``: compare the ``num_tuning_micro_batch_sizes`` largest sizes that fit, per
-   variant, with the chosen sampler. ``fast: true`` (and no knob lists) stops the search here.
+1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits, exactly:
+   start at the memory estimate's largest fit; after a failure halve, after a fit climb (to
+   where the peak memory measured so far says memory ends, else the estimate without its
+   margin, else double) until a fit and a failure bracket it, then narrow the bracket (at the
+   measured-memory guess where it falls inside, else bisecting) to a fit and a failure one
+   size apart. An ``oom`` is a constraint: every larger micro-batch with the same stage
+   and knobs is pruned unrun. Variants are searched one after another, in an order the
+   tuner type decides (see :func:`variant_order`).
+2. ``micro_batch``: compare the largest fit and sizes about half apart below it
+   (``num_tuning_micro_batch_sizes`` in all), per variant, with the chosen sampler.
+   ``fast: true`` (and no knob lists) stops the search here.
 3. ``knobs``: each surviving variant at its best micro-batch, over its knobs.
 4. ``remeasure``: the top ``num_remeasure`` configurations run again (``<name>_r1``, ...) and
    the best is declared on the median of repeats — step times vary up to ±50% run to run.
@@ -22,13 +27,15 @@ telling it the results log, in order, before asking (names identify configuratio
 
 from __future__ import annotations
 
+import bisect
 import enum
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError
+from autotune.config import Config, ConfigError, TunerType
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner.naming import MICRO_BATCH_KEY, STAGE_KEY, repeat_name, split_repeat
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
@@ -157,9 +164,16 @@ class Tuner:
         self._clock = clock
         self._started = clock()
         self._replayed_s = 0.0
-        for plan in self._space.plans:
-            for size in plan.ladder:
-                self._register(plan.variant, size, ())
+        # Micro-batch runs at the config's own knobs, per variant: size → result.
+        self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
+        self._size_names = {
+            self._name(plan.variant, size, ()): (plan.variant, size)
+            for plan in self._space.plans
+            for size in plan.ladder
+        }
+        self._probe_plans = variant_order(
+            self._space.plans, self._tuning.tuner_type, self._tuning.seed, model_info
+        )
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -212,6 +226,9 @@ class Tuner:
             self._replayed_s += result.duration_s
         self._results[result.name] = result
         self._order.append(result.name)
+        entry = self._entry(result.name)
+        if entry is not None and not entry.knobs:
+            self._size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
         self._note_oom(result.name)
         point = self._phase_points.get(result.name)
         if point is not None and self._sampler is not None:
@@ -271,7 +288,7 @@ class Tuner:
         if self._search_budget_spent():
             return None
         if self._phase is Phase.max_micro_batch:
-            targets = (self._probe_target(plan) for plan in self._space.plans)
+            targets = (self._probe_target(plan) for plan in self._probe_plans)
             return next((n for n in targets if n is not None and self._is_free(n)), None)
         if self._sampler is None:  # nothing to tune in this phase
             return None
@@ -285,25 +302,38 @@ class Tuner:
     def _probe_target(self, plan: VariantPlan) -> str | None:
         """The next micro-batch in the search for the largest that fits ``plan``'s variant.
 
-        Descends from the start past failures; None once one fits (or nothing is left), or
-        while the one to try is in flight.
+        None once the largest fit is bracketed exactly (or nothing fits), or while the one to
+        try is in flight.
         """
-        names = {size: self._name(plan.variant, size, ()) for size in plan.ladder}
-        if any(self._status(name) is Status.ok for name in names.values()):
-            return None
-        # Sizes still worth trying: no result yet, not pruned (an invalid config, or at least
-        # as large as one that ran out of memory). An in-flight one makes us wait.
-        untried = [
-            s
-            for s in plan.ladder
-            if s <= plan.start
-            and self._status(names[s]) is None
-            and names[s] not in self._pruned
-            and not self._oom_pruner(names[s])
-        ]
-        if not untried:
-            return None
-        name = names[max(untried)]
+        runs = self._size_runs.get(plan.variant, {})
+        ladder = plan.ladder
+        fit = max((s for s, r in runs.items() if r.ok), default=None)
+        # The smallest failure above the largest fit (an error counts: nothing above it is
+        # worth a run either).
+        failure = min(
+            (s for s, r in runs.items() if not r.ok and (fit is None or s > fit)), default=None
+        )
+        low = 0 if fit is None else bisect.bisect_right(ladder, fit)
+        high = len(ladder) if failure is None else bisect.bisect_left(ladder, failure)
+        if low >= high:
+            return None  # bracketed: ``fit`` is the largest that fits
+        if fit is None and failure is None:
+            size = plan.start
+        elif fit is None:
+            assert failure is not None
+            size = ladder[max(0, bisect.bisect_right(ladder, failure // 2) - 1)]
+        else:
+            guess = _memory_guess(plan, runs)
+            if guess is not None and fit < guess < (failure or guess + 1):
+                size = ladder[bisect.bisect_right(ladder, guess) - 1]  # may land on ``fit``
+                size = size if size > fit else ladder[low]
+            elif failure is None:  # climb: to the estimate without its margin, else doubling
+                ceiling = plan.ceiling
+                target = ceiling if ceiling is not None and ceiling > fit else 2 * fit
+                size = ladder[min(len(ladder) - 1, bisect.bisect_left(ladder, target))]
+            else:
+                size = ladder[(low + high) // 2]
+        name = self._register(plan.variant, size, ())
         return name if self._is_free(name) else None
 
     def _advance(self) -> None:
@@ -326,12 +356,12 @@ class Tuner:
             if largest is None:
                 self._pruned.setdefault(plan.variant.label, "no micro-batch ran ok")
                 continue
-            sizes = [s for s in plan.ladder if s <= largest][-plan.num_micro_batches :]
-            sizes.reverse()  # the grid tries large micro-batches (usually fastest) first
-            subspace = Subspace(plan.variant.label, ((MICRO_BATCH_KEY, tuple(sizes)),))
+            # Largest first: the grid tries large micro-batches (usually fastest) first.
+            sizes = plan.compared_sizes(largest)
+            subspace = Subspace(plan.variant.label, ((MICRO_BATCH_KEY, sizes),))
             subspaces.append(subspace)
             for point in subspace.points():
-                names[point] = self._name(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
+                names[point] = self._register(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
         self._start_sampler(subspaces, names)
 
     def _start_knob_phase(self) -> None:
@@ -480,13 +510,19 @@ class Tuner:
         return result.status if result is not None else None
 
     def _largest_fit(self, plan: VariantPlan) -> int | None:
-        names = {size: self._name(plan.variant, size, ()) for size in plan.ladder}
-        return max((s for s, n in names.items() if self._status(n) is Status.ok), default=None)
+        runs = self._size_runs.get(plan.variant, {})
+        return max((s for s, r in runs.items() if r.ok), default=None)
 
     def _best_micro_batch(self, plan: VariantPlan) -> int | None:
-        names = {self._name(plan.variant, s, ()): s for s in plan.ladder}
-        ranking = rank((self._results[n] for n in names if n in self._results), self._tuning.metric)
-        return names[ranking[0].name] if ranking else None
+        runs = self._size_runs.get(plan.variant, {})
+        ranking = rank(runs.values(), self._tuning.metric)
+        return self._entries[ranking[0].name].micro_batch_size if ranking else None
+
+    def _entry(self, name: str) -> _Entry | None:
+        """The configuration ``name`` names, registering a micro-batch run told from history."""
+        if name not in self._entries and name in self._size_names:
+            self._register(*self._size_names[name], ())
+        return self._entries.get(name)
 
     def _tell_sampler(self, point: Point, result: ExperimentResult) -> None:
         assert self._sampler is not None
@@ -516,3 +552,52 @@ class Tuner:
             elif name in self._phase_points:
                 since += 1
         return since
+
+
+def _memory_guess(plan: VariantPlan, runs: Mapping[int, ExperimentResult]) -> int | None:
+    """The largest micro-batch that fits by the peak memory measured so far, or None.
+
+    Memory grows linearly with the micro-batch: through the two largest fits' peaks, or from
+    the largest with the estimate's activations per sample. Where the line is wrong the
+    bracket still closes: a guess outside it is not used.
+    """
+    if plan.estimate is None:
+        return None
+    peaks = sorted(
+        (size, r.metrics.peak_memory_bytes)
+        for size, r in runs.items()
+        if r.ok and r.metrics is not None and r.metrics.peak_memory_bytes > 0
+    )
+    if not peaks:
+        return None
+    size, peak = peaks[-1]
+    slope: float = plan.estimate.activation_bytes_per_sample
+    if len(peaks) > 1 and peaks[-1][1] > peaks[-2][1]:
+        slope = (peaks[-1][1] - peaks[-2][1]) / (peaks[-1][0] - peaks[-2][0])
+    if slope <= 0:
+        return None
+    return size + int((plan.estimate.budget_bytes - peak) // slope)
+
+
+def variant_order(
+    plans: Iterable[VariantPlan],
+    tuner_type: TunerType | str,
+    seed: int,
+    model_info: ModelInfo | None = None,
+) -> list[VariantPlan]:
+    """The order in which variants get their largest micro-batch searched.
+
+    gridsearch: stage order. random: a seeded shuffle. model_based: the most promising first,
+    by :func:`autotune.tuner.prior.predicted_throughput`; once any variant's largest fit is
+    known the micro-batch and knob phases follow in every variant anyway, so the order decides
+    how soon a good configuration runs, not what is found.
+    """
+    plans = list(plans)
+    kind = TunerType(tuner_type)
+    if kind is TunerType.random:
+        random.Random(seed).shuffle(plans)
+    elif kind is TunerType.model_based:
+        from autotune.tuner.prior import predicted_throughput
+
+        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info))
+    return plans

@@ -22,7 +22,7 @@ HEADS = ("masked_lm", "causal_lm", "sequence_classification")
 
 
 class _LossOnly(nn.Module):
-    """Adapts ``forward(input_ids, labels=...)`` of a model with a head to ``forward(...) -> loss``."""
+    """Adapts a model with a head, ``forward(input_ids, labels=...)``, to return the loss."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -55,7 +55,7 @@ def _head_class(transformers: Any, config: Any, head: str | None) -> tuple[str, 
     for name in [head] if head else HEADS:
         assert name is not None
         # The auto class's mapping is keyed by config class: membership says it has the head.
-        if type(config) in auto[name]._model_mapping:  # noqa: SLF001 (no public lookup)
+        if type(config) in auto[name]._model_mapping:  # no public lookup
             return name, auto[name]
     raise WorkloadError(f"model type {config.model_type!r} has no {head or 'training'} head")
 

@@ -1,4 +1,4 @@
-"""Turning a workload spec (``gpt``, ``hf:bert`` or ``package.module:function``) into a ``Workload``."""
+"""Turning a workload spec (``gpt``, ``hf:bert``, ``package.module:function``) into a Workload."""
 
 from __future__ import annotations
 

@@ -98,13 +98,13 @@ def test_without_transformers_the_error_says_how_to_get_it(
 @pytest.mark.multirank
 def test_autotune_run_tunes_an_hf_workload(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    model_type = "bert"
+    model_type = "gpt2"
     config = {
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "train_micro_batch_size_per_gpu": [1, 2],
-        # Stage 0 only: the engine's ZeRO-1/2 sometimes abort on BERT's masked LM (a gloo size
-        # mismatch between the ranks' reduce buckets; recorded as an error, not a crash).
-        "zero_optimization": {"stage": 0},
+        "train_micro_batch_size_per_gpu": 2,
+        # gpt2: BERT's masked LM sometimes aborts a rank on this engine (a gloo size mismatch
+        # between the ranks' collectives), at every stage; recorded as an error, not a crash.
+        "zero_optimization": {"stage": [0, 2]},
         "autotuning": {
             "start_profile_step": 1,
             "end_profile_step": 2,
@@ -137,5 +137,5 @@ def test_autotune_run_tunes_an_hf_workload(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     frame = load_results(tmp_path / "results")
     assert set(frame["status"]) == {"ok"}, frame[["name", "status", "error"]].to_string()
-    assert set(frame["micro_batch_size"]) == {1, 2}
+    assert set(frame["zero_stage"]) == {0, 2}
     assert (frame["throughput"] > 0).all()

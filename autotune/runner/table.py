@@ -1,0 +1,181 @@
+"""A runner that answers from a measured table: the replay half of a tabular benchmark.
+
+``experiments/landscape.py`` measures every configuration a tuner may ask for, several times,
+interleaved, and stores the table (``results/landscapes/*.json``). :class:`TableRunner` then
+answers an experiment from it: ``oom`` (or whatever failed) where the table says so, else the
+configuration's median throughput times a factor drawn from the table's own noise (every
+measurement's ratio to its configuration's median, pooled). Draws are seeded by the runner's
+seed and the experiment's name, so a replay is deterministic and a re-measurement
+(``<name>_r1``) gets its own draw.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
+from autotune.tuner.naming import split_repeat
+
+LANDSCAPE_FORMAT = 1
+
+
+def tuning_config(
+    stages: list[int],
+    max_micro_batch: int,
+    num_micro_batches: int = 2,
+    start_profile_step: int = 2,
+    end_profile_step: int = 4,
+) -> dict[str, Any]:
+    """The config a landscape is measured under and its replays tune (``fast: false``)."""
+    return {
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95]}},
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": stages},
+        "autotuning": {
+            "enabled": True,
+            "metric": "throughput",
+            "fast": False,
+            "start_profile_step": start_profile_step,
+            "end_profile_step": end_profile_step,
+            "max_train_micro_batch_size_per_gpu": max_micro_batch,
+            "num_tuning_micro_batch_sizes": num_micro_batches,
+            "tuner_early_stopping": 10,
+            "tuner_num_trials": 60,
+            "num_remeasure": 2,
+        },
+    }
+
+
+class MissingMeasurement(KeyError):
+    """The table has no measurement of a configuration a tuner asked for."""
+
+
+class TableRunner:
+    """Answers experiments from a landscape table (see the module docstring).
+
+    Args:
+        table: a landscape, as ``experiments/landscape.py`` writes it.
+        seed: seeds the noise.
+
+    Example:
+        >>> table = {"configs": {"z1_mbs4": {"status": "ok", "throughput": [9.0, 10.0, 11.0],
+        ...          "duration_s": [2.0]}, "z1_mbs8": {"status": "oom", "throughput": []}}}
+        >>> runner = TableRunner(table, seed=1)
+        >>> runner.value("z1_mbs4"), runner.best_value
+        (10.0, 10.0)
+        >>> runner.run(ExperimentSpec("z1_mbs8", {})).status.value
+        'oom'
+    """
+
+    def __init__(self, table: Mapping[str, Any], seed: int = 0) -> None:
+        self._configs: Mapping[str, Mapping[str, Any]] = table["configs"]
+        self._seed = seed
+        self._medians = {
+            name: statistics.median(entry["throughput"])
+            for name, entry in self._configs.items()
+            if entry["status"] == "ok" and entry["throughput"]
+        }
+        self._noise = [
+            value / self._medians[name]
+            for name, entry in self._configs.items()
+            if name in self._medians and len(entry["throughput"]) > 1
+            for value in entry["throughput"]
+        ] or [1.0]
+
+    @classmethod
+    def load(cls, path: Path | str, seed: int = 0) -> TableRunner:
+        return cls(json.loads(Path(path).read_text()), seed)
+
+    @property
+    def best_value(self) -> float:
+        """The highest median throughput in the table."""
+        return max(self._medians.values())
+
+    def value(self, name: str) -> float | None:
+        """The median throughput of configuration ``name`` (None if it does not run ok)."""
+        base, _ = split_repeat(name)
+        if base not in self._configs:
+            raise MissingMeasurement(f"the landscape has no measurement of {base}")
+        return self._medians.get(base)
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        median = self.value(spec.name)
+        entry = self._configs[split_repeat(spec.name)[0]]
+        durations = entry.get("duration_s") or [0.0]
+        timings = Timings(total_s=statistics.median(durations))
+        if median is None:
+            status = Status(entry["status"]) if entry["status"] != "ok" else Status.error
+            return ExperimentResult(
+                spec.name, status, error=entry.get("error") or status.value, timings=timings
+            )
+        rng = random.Random(zlib.crc32(f"{self._seed}/{spec.name}".encode()))
+        throughput = median * rng.choice(self._noise)
+        batch = int(spec.ds_config.get("train_batch_size") or 1)
+        step_s = batch / throughput
+        metrics = Metrics.from_window([step_s], batch, 0.0, entry.get("peak_memory_bytes") or 0)
+        return ExperimentResult(spec.name, Status.ok, metrics, timings=timings)
+
+    def __enter__(self) -> TableRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One tuning run replayed against a table.
+
+    Attributes:
+        values: the table's median of each experiment run, in order (None: it failed).
+        final: the median of the configuration the tuner declared best (None: none ran ok).
+        best: the table's best median.
+    """
+
+    values: tuple[float | None, ...]
+    final: float | None
+    best: float
+
+    def experiments_to(self, fraction: float) -> int | None:
+        """Experiments run until one was worth ``fraction`` of the best (None: never)."""
+        goal = fraction * self.best
+        return next(
+            (i for i, v in enumerate(self.values, start=1) if v is not None and v >= goal), None
+        )
+
+    def ends_within(self, fraction: float) -> bool:
+        return self.final is not None and self.final >= fraction * self.best
+
+
+def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: Any) -> Replay:
+    """Tune the table's job with ``tuner_type`` against the table (``seed`` seeds both).
+
+    ``autotuning`` overrides keys of the table's ``autotuning`` section.
+    """
+    from autotune.config import load_config
+    from autotune.profiling.model_info import ModelInfo
+    from autotune.tuner import Tuner
+
+    how = table["how"]
+    spec = json.loads(json.dumps(how["config"]))
+    spec["autotuning"].update(tuner_type=tuner_type, seed=seed, **autotuning)
+    tuner = Tuner(
+        load_config(spec, world_size=how["world_size"]),
+        ModelInfo(**table["model_info"]),
+        device_memory_bytes=how["device_memory_bytes"],
+    )
+    runner = TableRunner(table, seed)
+    values = []
+    while (candidate := tuner.ask()) is not None:
+        tuner.tell(runner.run(ExperimentSpec(candidate.name, candidate.ds_config)))
+        values.append(runner.value(candidate.name))
+    best = tuner.summary().best
+    final = runner.value(best.name) if best is not None else None
+    return Replay(tuple(values), final, runner.best_value)
