@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import zlib
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Statu
 from autotune.tuner.naming import split_repeat
 
 LANDSCAPE_FORMAT = 1
+_SIZE = re.compile(r"_mbs(?P<size>\d+)")
 
 
 def tuning_config(
@@ -100,14 +102,48 @@ class TableRunner:
 
     def value(self, name: str) -> float | None:
         """The median throughput of configuration ``name`` (None if it does not run ok)."""
+        return self._lookup(name)[1]
+
+    def _lookup(self, name: str) -> tuple[Mapping[str, Any], float | None]:
+        """The table's entry for ``name`` and its median.
+
+        The search for the largest micro-batch may visit a size the measurement did not (it
+        follows measured peak memory, which varies a little): memory grows with the
+        micro-batch, so a size at or above one that failed fails too, and a size below one
+        that ran gets its throughput interpolated (linearly, from the next smaller size that
+        ran, or from no throughput at size 0).
+        """
         base, _ = split_repeat(name)
-        if base not in self._configs:
+        if base in self._configs:
+            return self._configs[base], self._medians.get(base)
+        match = _SIZE.search(base)
+        if match is None:
             raise MissingMeasurement(f"the landscape has no measurement of {base}")
-        return self._medians.get(base)
+        size = int(match["size"])
+        siblings = {
+            int(m["size"]): other
+            for other in self._configs
+            if (m := _SIZE.search(other)) is not None
+            and other[: m.start()] + other[m.end() :] == base[: match.start()] + base[match.end() :]
+        }
+        failed = [s for s, other in siblings.items() if s < size and other not in self._medians]
+        if failed:
+            return self._configs[siblings[max(failed)]], None
+        measured = {
+            s: self._medians[other] for s, other in siblings.items() if other in self._medians
+        }
+        above = [s for s in measured if s > size]
+        if not above:
+            raise MissingMeasurement(f"the landscape has no measurement of {base}")
+        high = min(above)
+        # Below the smallest size measured, towards no throughput at no samples.
+        low = max((s for s in measured if s < size), default=0)
+        low_value, high_value = measured.get(low, 0.0), measured[high]
+        share = (size - low) / (high - low)
+        return self._configs[siblings[high]], low_value + share * (high_value - low_value)
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
-        median = self.value(spec.name)
-        entry = self._configs[split_repeat(spec.name)[0]]
+        entry, median = self._lookup(spec.name)
         durations = entry.get("duration_s") or [0.0]
         timings = Timings(total_s=statistics.median(durations))
         if median is None:

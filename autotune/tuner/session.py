@@ -324,9 +324,9 @@ class Tuner:
             size = ladder[max(0, bisect.bisect_right(ladder, failure // 2) - 1)]
         else:
             guess = _memory_guess(plan, runs)
-            if guess is not None and fit < guess < (failure or guess + 1):
-                size = ladder[bisect.bisect_right(ladder, guess) - 1]  # may land on ``fit``
-                size = size if size > fit else ladder[low]
+            if guess is not None and (failure is None or guess < failure):
+                # The guess, or the next size up when memory says ``fit`` is the largest.
+                size = max(ladder[max(0, bisect.bisect_right(ladder, guess) - 1)], ladder[low])
             elif failure is None:  # climb: to the estimate without its margin, else doubling
                 ceiling = plan.ceiling
                 target = ceiling if ceiling is not None and ceiling > fit else 2 * fit
@@ -514,8 +514,13 @@ class Tuner:
         return max((s for s, r in runs.items() if r.ok), default=None)
 
     def _best_micro_batch(self, plan: VariantPlan) -> int | None:
+        """The best of the sizes the micro-batch phase compared (not of the memory search's)."""
+        largest = self._largest_fit(plan)
+        if largest is None:
+            return None
         runs = self._size_runs.get(plan.variant, {})
-        ranking = rank(runs.values(), self._tuning.metric)
+        compared = [runs[s] for s in plan.compared_sizes(largest) if s in runs]
+        ranking = rank(compared, self._tuning.metric)
         return self._entries[ranking[0].name].micro_batch_size if ranking else None
 
     def _entry(self, name: str) -> _Entry | None:

@@ -253,14 +253,16 @@ def build_space(
             estimate = estimate_memory(
                 model_info, config, stage, user_offload, device_memory_bytes, margin_fraction
             )
-            if not estimate.fits(sizes[0]) and not user_offload and stage > 0:
+            # Pruning is final, so it goes by the model states alone (the ZeRO formulas, which
+            # hold); the buffers, calibrated on one engine, only move the start and the order.
+            if not _states_fit(estimate, sizes[0]) and not user_offload and stage > 0:
                 offloaded = estimate_memory(
                     model_info, config, stage, True, device_memory_bytes, margin_fraction
                 )
-                if offloaded.fits(sizes[0]):
+                if _states_fit(offloaded, sizes[0]):
                     pruned[variant.label] = f"{estimate.explain(sizes[0])}; offloading instead"
                     variant, estimate = Variant(stage, True), offloaded
-            if not estimate.fits(sizes[0]):
+            if not _states_fit(estimate, sizes[0]):
                 pruned[variant.label] = estimate.explain(sizes[0])
                 continue
         # Sizes whose config breaks a rule (e.g. one that cannot keep a fixed global batch)
@@ -285,6 +287,10 @@ def build_space(
             )
         )
     return TuningSpace(tuple(plans), fixed, base, pruned)
+
+
+def _states_fit(estimate: MemoryEstimate, micro_batch_size: int) -> bool:
+    return replace(estimate, buffer_bytes=0).fits(micro_batch_size)
 
 
 def _overrides(
