@@ -17,6 +17,10 @@ What is measured, for one workload, config and device-memory budget:
 
     python experiments/landscape.py --workload gpt -a n_layer=2 --device-memory 96MiB \
         --out results/landscapes/gpt_tight.json
+    python experiments/landscape.py --extend 2 --out results/landscapes/gpt_tight.json
+
+``--extend N`` measures every ok configuration of an existing table N more times, in rounds as
+before, and appends the measurements (more repeats steady the medians on a noisy machine).
 """
 
 from __future__ import annotations
@@ -108,11 +112,51 @@ def measure(
     return results
 
 
+def extend(path: Path, rounds: int, runner_kind: str) -> None:
+    """Append ``rounds`` more rounds of every ok configuration to the table at ``path``."""
+    from autotune.profiling.model_info import ModelInfo
+
+    table = json.loads(path.read_text())
+    how = table["how"]
+    job = TuningJob(
+        config=load_config(how["config"], world_size=how["world_size"]),
+        workload=how["workload"],
+        workload_args=how["workload_args"],
+        device_memory_bytes=how["device_memory_bytes"],
+    )
+    info = ModelInfo(**table["model_info"])
+    ok = {n: c["overrides"] for n, c in table["configs"].items() if c["status"] == "ok"}
+    started = time.monotonic()
+    with _runner(runner_kind) as runner:
+        measured = measure(job, info, runner, ok, rounds)
+    for name, runs in measured.items():
+        entry = table["configs"][name]
+        entry["throughput"] += [r.metrics.throughput for r in runs if r.ok and r.metrics]
+        entry["duration_s"] += [round(r.duration_s, 3) for r in runs]
+    how["repeats"] += rounds
+    when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    wall_s = round(time.monotonic() - started, 1)
+    how["extended"] = [*how.get("extended", []), {"rounds": rounds, "at": when, "wall_s": wall_s}]
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"extended {path}: {len(ok)} configurations x {rounds} more rounds")
+
+
+def _runner(kind: str) -> Any:
+    if kind == "ray":
+        from autotune.runner.ray_runner import RayRunner
+
+        return RayRunner(num_cpus=2)
+    from autotune.runner import LocalRunner
+
+    return LocalRunner()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="gpt")
     parser.add_argument("--workload-arg", "-a", action="append", default=[])
-    parser.add_argument("--device-memory", required=True, help="per-rank budget, e.g. 96MiB")
+    parser.add_argument("--device-memory", help="per-rank budget, e.g. 96MiB")
+    parser.add_argument("--extend", type=int, default=0, help="more rounds on an existing table")
     parser.add_argument("--max-micro-batch", type=int, default=64)
     parser.add_argument("--num-micro-batches", type=int, default=2, help="sizes compared")
     parser.add_argument("--stages", default="0,1,2,3")
@@ -123,6 +167,11 @@ def main() -> None:
     parser.add_argument("--note", default="", help="conditions worth recording")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.extend:
+        extend(args.out, args.extend, args.runner)
+        return
+    if args.device_memory is None:
+        parser.error("--device-memory is required to measure a new landscape")
 
     from autotune.profiling.model_info import model_info
     from autotune.workloads import resolve_workload
@@ -143,15 +192,7 @@ def main() -> None:
     )
     info = model_info(resolve_workload(args.workload, workload_args), 1)
     started = time.monotonic()
-    if args.runner == "ray":
-        from autotune.runner.ray_runner import RayRunner
-
-        runner: Any = RayRunner(num_cpus=2)
-    else:
-        from autotune.runner import LocalRunner
-
-        runner = LocalRunner()
-    with runner:
+    with _runner(args.runner) as runner:
         _, probes = probe_largest_micro_batches(job, info, runner)
         configs = grid(job, info, probes)
         print(f"{len(configs)} configurations x {args.repeats} repeats", flush=True)

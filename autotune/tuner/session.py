@@ -358,7 +358,9 @@ class Tuner:
                 continue
             # Largest first: the grid tries large micro-batches (usually fastest) first.
             sizes = plan.compared_sizes(largest)
-            subspace = Subspace(plan.variant.label, ((MICRO_BATCH_KEY, sizes),))
+            subspace = Subspace(
+                plan.variant.label, ((MICRO_BATCH_KEY, sizes),), self._best_score(plan.variant)
+            )
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._register(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
@@ -370,7 +372,7 @@ class Tuner:
             size = self._best_micro_batch(plan)
             if size is None or not plan.knobs:
                 continue
-            subspace = Subspace(plan.variant.label, plan.knobs)
+            subspace = Subspace(plan.variant.label, plan.knobs, self._best_score(plan.variant))
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._register(plan.variant, size, point.values)
@@ -522,6 +524,21 @@ class Tuner:
         compared = [runs[s] for s in plan.compared_sizes(largest) if s in runs]
         ranking = rank(compared, self._tuning.metric)
         return self._entries[ranking[0].name].micro_batch_size if ranking else None
+
+    def _best_score(self, variant: Variant) -> float | None:
+        """The variant's best result so far, any phase (None before one ran ok)."""
+        metric = self._tuning.metric
+        return max(
+            (
+                score(r.metrics, metric)
+                for name, r in self._results.items()
+                if r.ok
+                and r.metrics
+                and name in self._entries
+                and self._entries[name].variant == variant
+            ),
+            default=None,
+        )
 
     def _entry(self, name: str) -> _Entry | None:
         """The configuration ``name`` names, registering a micro-batch run told from history."""
