@@ -96,6 +96,11 @@ class TableRunner:
         return cls(json.loads(Path(path).read_text()), seed)
 
     @property
+    def names(self) -> list[str]:
+        """Every configuration the table has (any status)."""
+        return list(self._configs)
+
+    @property
     def best_value(self) -> float:
         """The highest median throughput in the table."""
         return max(self._medians.values())
@@ -171,6 +176,7 @@ class Replay:
 
     Attributes:
         values: the table's median of each experiment run, in order (None: it failed).
+        names: the experiments run, in order.
         final: the median of the configuration the tuner declared best (None: none ran ok).
         best: the table's best median.
     """
@@ -178,6 +184,7 @@ class Replay:
     values: tuple[float | None, ...]
     final: float | None
     best: float
+    names: tuple[str, ...] = ()
 
     def experiments_to(self, fraction: float) -> int | None:
         """Experiments run until one was worth ``fraction`` of the best (None: never)."""
@@ -208,10 +215,11 @@ def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: A
         device_memory_bytes=how["device_memory_bytes"],
     )
     runner = TableRunner(table, seed)
-    values = []
+    values, names = [], []
     while (candidate := tuner.ask()) is not None:
         tuner.tell(runner.run(ExperimentSpec(candidate.name, candidate.ds_config)))
         values.append(runner.value(candidate.name))
+        names.append(candidate.name)
     best = tuner.summary().best
     final = runner.value(best.name) if best is not None else None
-    return Replay(tuple(values), final, runner.best_value)
+    return Replay(tuple(values), final, runner.best_value, tuple(names))

@@ -58,3 +58,31 @@ def test_every_tuner_replays_on_each_committed_landscape(path: Path) -> None:
         for seed in range(2):
             result = replay(table, tuner_type, seed)  # asks only what the table measured
             assert result.final is not None and result.values
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_on_real_measurements_the_search_finds_each_stages_largest_micro_batch(
+    path: Path,
+) -> None:
+    table = json.loads(path.read_text())
+    runner = TableRunner(table)
+    # The landscape's own answer, per variant at its default knobs: the largest size that ran
+    # and a failure one size above it (the measurement ran the same search).
+    largest: dict[str, int] = {}
+    for name in table["configs"]:
+        variant, _, rest = name.partition("_mbs")
+        if rest.isdigit() and runner.value(name) is not None:
+            largest[variant] = max(largest.get(variant, 0), int(rest))
+    for variant, size in largest.items():
+        assert runner.value(f"{variant}_mbs{size + 1}") is None  # bracketed to one size
+    for tuner_type in ("random", "model_based"):
+        asked = replay(table, tuner_type, seed=1).names
+        for variant, size in largest.items():
+            assert f"{variant}_mbs{size}" in asked and f"{variant}_mbs{size + 1}" in asked
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_each_landscape_separates_its_best_from_its_median_configuration(path: Path) -> None:
+    runner = TableRunner(json.loads(path.read_text()))
+    medians = sorted(v for n in runner.names if (v := runner.value(n)) is not None)
+    assert runner.best_value >= 1.2 * medians[len(medians) // 2]
