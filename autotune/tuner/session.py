@@ -288,8 +288,7 @@ class Tuner:
         if self._search_budget_spent():
             return None
         if self._phase is Phase.max_micro_batch:
-            targets = (self._probe_target(plan) for plan in self._probe_plans)
-            return next((n for n in targets if n is not None and self._is_free(n)), None)
+            return self._next_probe()
         if self._sampler is None:  # nothing to tune in this phase
             return None
         patience = self._tuning.tuner_early_stopping
@@ -299,11 +298,34 @@ class Tuner:
         point = self._sampler.ask(lambda p: self._is_open(self._point_names[p]))
         return self._point_names[point] if point is not None else None
 
-    def _probe_target(self, plan: VariantPlan) -> str | None:
+    def _next_probe(self) -> str | None:
+        """The next experiment of the search for each variant's largest micro-batch.
+
+        Variants in ``_probe_plans`` order; one whose next size is in flight lets the next
+        variant go meanwhile. ``model_based`` goes depth first: once a variant's largest fit is
+        known it runs the sizes the micro-batch phase would compare for it before searching
+        the next variant, so that the variant the prior favours is measured whole early.
+        """
+        depth_first = TunerType(self._tuning.tuner_type) is TunerType.model_based
+        for plan in self._probe_plans:
+            size = self._probe_size(plan)
+            if size is not None:
+                name = self._register(plan.variant, size, ())
+                if self._is_free(name):
+                    return name
+                continue
+            largest = self._largest_fit(plan)
+            if depth_first and largest is not None:
+                for compared in plan.compared_sizes(largest):
+                    name = self._register(plan.variant, compared, ())
+                    if self._is_open(name):
+                        return name
+        return None
+
+    def _probe_size(self, plan: VariantPlan) -> int | None:
         """The next micro-batch in the search for the largest that fits ``plan``'s variant.
 
-        None once the largest fit is bracketed exactly (or nothing fits), or while the one to
-        try is in flight.
+        None once the largest fit is bracketed exactly (or nothing fits).
         """
         runs = self._size_runs.get(plan.variant, {})
         ladder = plan.ladder
@@ -333,8 +355,7 @@ class Tuner:
                 size = ladder[min(len(ladder) - 1, bisect.bisect_left(ladder, target))]
             else:
                 size = ladder[(low + high) // 2]
-        name = self._register(plan.variant, size, ())
-        return name if self._is_free(name) else None
+        return size
 
     def _advance(self) -> None:
         """Move to the next phase that has something to do."""

@@ -116,3 +116,15 @@ def test_nothing_ok_means_no_optimal_config() -> None:
     drive(tuner, Landscape(budget_bytes=1))
     assert tuner.optimal_config() is None and tuner.summary().best is None
     assert "z0" in tuner.summary().pruned
+
+
+def test_model_based_measures_its_favourite_variant_whole_before_searching_the_next() -> None:
+    tuner = fast_tuner(Landscape().budget_bytes, tuner_type="model_based", tuner_early_stopping=99)
+    asked = drive(tuner, Landscape())
+    first = asked[0].stage
+    switch = next(i for i, c in enumerate(asked) if c.stage != first)
+    sizes = [c.micro_batch_size for c in asked[:switch]]
+    largest = true_largest_fit(Landscape(), first)
+    assert largest in sizes and sizes[-2:] == [largest // 2, largest // 4]
+    grid = fast_tuner(Landscape().budget_bytes, tuner_early_stopping=99)
+    assert sorted(c.name for c in asked) == sorted(c.name for c in drive(grid, Landscape()))
