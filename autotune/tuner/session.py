@@ -172,7 +172,11 @@ class Tuner:
             for size in plan.ladder
         }
         self._probe_plans = variant_order(
-            self._space.plans, self._tuning.tuner_type, self._tuning.seed, model_info
+            self._space.plans,
+            self._tuning.tuner_type,
+            self._tuning.seed,
+            model_info,
+            config.world_size,
         )
 
     # --- the interface ------------------------------------------------------------------------
@@ -627,6 +631,7 @@ def variant_order(
     tuner_type: TunerType | str,
     seed: int,
     model_info: ModelInfo | None = None,
+    world_size: int = 1,
 ) -> list[VariantPlan]:
     """The order in which variants get their largest micro-batch searched.
 
@@ -642,5 +647,5 @@ def variant_order(
     elif kind is TunerType.model_based:
         from autotune.tuner.prior import predicted_throughput
 
-        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info))
+        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info, world_size))
     return plans
