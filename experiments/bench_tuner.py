@@ -280,6 +280,29 @@ def print_replay(results: Mapping[str, Mapping[str, Any]]) -> None:
             )
 
 
+def markdown_replay(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The replay as the README's table: one row per landscape, tuners side by side."""
+
+    def reach(row: Mapping[str, Any]) -> str:
+        def cell(value: float | None) -> str:
+            return "never" if value is None else f"{value:g}"
+
+        median, p90 = row["to_within_2pct_median"], row["to_within_2pct_p90"]
+        return f"{cell(median)} / {cell(p90)}"
+
+    head = "| landscape (best/median) | tuner | to 2%: median / p90 | ends ≤ 2% | final |"
+    lines = [head, "|---|---|---|---|---|"]
+    for name, result in results.items():
+        shape = result["shape"]
+        for tuner, row in result["tuners"].items():
+            label = f"{name} ({shape['best_over_median']:.2f})" if tuner == TUNERS[0] else ""
+            lines.append(
+                f"| {label} | {tuner} | {reach(row)} | {row['ends_within_2pct']:.0%} | "
+                f"{row['final_value_median']:.1%} |"
+            )
+    return "\n".join(lines)
+
+
 def main_replay(args: argparse.Namespace) -> None:
     results = {}
     for path in sorted(args.landscapes.glob("*.json")):
@@ -289,6 +312,8 @@ def main_replay(args: argparse.Namespace) -> None:
             "tuners": replay_landscape(table, range(args.seeds)),
         }
     print_replay(results)
+    print()
+    print(markdown_replay(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"within": WITHIN, "landscapes": results}, indent=2) + "\n")
 
