@@ -58,7 +58,6 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
         rank: this process's rank in ``[0, spec.world_size)``.
         init_method: where ranks meet, e.g. ``tcp://127.0.0.1:29500``.
     """
-    import torch
     import torch.distributed as dist
 
     started = time.perf_counter()
