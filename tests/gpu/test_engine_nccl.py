@@ -64,7 +64,8 @@ def test_overlap_comm_gives_the_same_numbers(pool: RankPool) -> None:
             )
             for overlap in (True, False)
         ]
-        assert runs[0] == runs[1], stage  # the same largest difference from the reference
+        # The same largest difference from the reference on each rank, to kernel noise.
+        assert runs[0] == pytest.approx(runs[1], abs=1e-6), stage
 
 
 def test_fp16_overflow_skips_and_scales_down(pool: RankPool) -> None:
