@@ -104,6 +104,14 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi -L >>"$out_dir/environment.log" 2>&1
 fi
 
+# Without CUDA (or autotune) nothing after this can pass: report at once.
+if [ "$dry_run" -eq 0 ] && ! tail -n 1 "$steps" | grep -q $'\tok\t'; then
+    "$python" experiments/gpu_report.py --steps "$steps" --output "$out_dir" \
+        --measurements "$AUTOTUNE_GPU_REPORT_DIR"
+    echo "report: $out_dir/report.md"
+    exit 1
+fi
+
 # The GPU tests. On a GPU none may be skipped for want of CUDA; in a dry run all must be.
 step gpu-tests "${GPU_CHECK_PYTEST_S:-320}" pytest.log \
     "$python" -m pytest -m gpu tests/gpu -p no:cacheprovider -rA -q
