@@ -306,7 +306,17 @@ def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup 
     if backend == "nccl":
         # Before the group exists: NCCL binds its communicator to the current device, and
         # every rank of a node would otherwise share GPU 0.
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_cuda_device()
     # env:// reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them.
     dist.init_process_group(backend, init_method="env://")
     return dist.group.WORLD
+
+
+def local_cuda_device() -> torch.device:
+    """This rank's GPU, made the current device: ``LOCAL_RANK``'s where a launcher set it (as
+    DeepSpeed's engine picks it, for scripts that start NCCL themselves and never choose a
+    GPU), else the current one."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None:
+        torch.cuda.set_device(int(local) % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())

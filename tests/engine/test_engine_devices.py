@@ -54,12 +54,30 @@ def test_torchrun_on_gpus_picks_the_local_gpu_before_nccl_starts(
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: calls[-1][1])
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("gpu", device)))
     monkeypatch.setattr(
         dist, "init_process_group", lambda backend, **kw: calls.append(("init", backend))
     )
     comm.resolve_group(None)
     assert calls == [("gpu", 1), ("init", "nccl")]
+
+
+@pytest.mark.parametrize(("local_rank", "gpu"), [("3", 1), (None, 0)])
+def test_a_rank_takes_the_gpu_its_launcher_named(
+    monkeypatch: pytest.MonkeyPatch, local_rank: str | None, gpu: int
+) -> None:
+    # A DeepSpeed script may start NCCL itself and leave the GPU to the engine, as
+    # DeepSpeed's engine takes LOCAL_RANK's; without one the current device stays.
+    current = [0]
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    if local_rank is not None:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.__setitem__(0, device))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    assert comm.local_cuda_device() == torch.device("cuda", gpu)
 
 
 def test_a_finished_rank_collects_garbage_before_emptying_the_cuda_cache(
