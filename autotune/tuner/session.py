@@ -35,11 +35,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError, TunerType
+from autotune.config import Config, ConfigError, Metric, TunerType
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner.naming import MICRO_BATCH_KEY, STAGE_KEY, repeat_name, split_repeat
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
-from autotune.tuner.samplers import Point, Sampler, Subspace, make_sampler
+from autotune.tuner.samplers import DEFER_BEHIND, Point, Sampler, Subspace, make_sampler
 from autotune.tuner.space import Variant, VariantPlan, build_space
 from autotune.tuner.summary import TuningSummary
 
@@ -547,8 +547,18 @@ class Tuner:
             return None
         runs = self._size_runs.get(plan.variant, {})
         compared = [runs[s] for s in plan.compared_sizes(largest) if s in runs]
-        ranking = rank(compared, self._tuning.metric)
-        return self._entries[ranking[0].name].micro_batch_size if ranking else None
+        metric = self._tuning.metric
+        ranking = rank(compared, metric)
+        if not ranking:
+            return None
+        best = self._entries[ranking[0].name].micro_batch_size
+        if TunerType(self._tuning.tuner_type) is TunerType.model_based:
+            # The ZeRO model's prior: a larger micro-batch amortizes the step's fixed costs, so
+            # the largest fit stands unless a smaller one beat it by more than the noise.
+            at_largest = next((r for r in ranking if r.name == runs[largest].name), None)
+            if at_largest is not None and _close(at_largest.value, ranking[0].value, metric):
+                return largest
+        return best
 
     def _best_score(self, variant: Variant) -> float | None:
         """The variant's best result so far, any phase (None before one ran ok)."""
@@ -599,6 +609,13 @@ class Tuner:
             elif name in self._phase_points:
                 since += 1
         return since
+
+
+def _close(value: float, best: float, metric: Metric) -> bool:
+    """``value`` within DEFER_BEHIND of ``best`` (a metric value, in its own direction)."""
+    if metric.lower_is_better:
+        return value * (1 - DEFER_BEHIND) <= best
+    return value >= (1 - DEFER_BEHIND) * best
 
 
 def _memory_guess(plan: VariantPlan, runs: Mapping[int, ExperimentResult]) -> int | None:
