@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,21 @@ def test_each_landscape_separates_its_best_from_its_median_configuration(path: P
     runner = TableRunner(json.loads(path.read_text()))
     medians = sorted(v for n in runner.names if (v := runner.value(n)) is not None)
     assert runner.best_value >= 1.2 * medians[len(medians) // 2]
+
+
+REPLAY_SEEDS = range(12)  # the benchmark runs 100; this many keep the medians' order
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_model_based_reaches_within_2_percent_in_half_randoms_experiments_and_at_most_12(
+    path: Path,
+) -> None:
+    table = json.loads(path.read_text())
+
+    def median_reach(tuner_type: str) -> float:
+        reach = [replay(table, tuner_type, s).experiments_to(0.98) for s in REPLAY_SEEDS]
+        return statistics.median(r if r is not None else math.inf for r in reach)
+
+    model_based, random = median_reach("model_based"), median_reach("random")
+    print(f"{path.stem}: model_based {model_based}, random {random}")
+    assert model_based <= 12 and model_based <= random / 2
