@@ -3,6 +3,10 @@
 This is the one place the three meet. Resuming is replaying: every experiment in the log is
 told to a fresh tuner before it is asked for anything, so a finished experiment is never
 run again and an interrupted one (no log line) is simply proposed again.
+
+With a runner that runs several experiments at once (:class:`ConcurrentRunner`), the loop
+keeps every free slot busy: it asks the tuner as soon as a slot opens, and records each result
+the moment it finishes, so a crash loses only the experiments in flight.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import platform
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from autotune.config import Config, parse_size
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY
@@ -24,6 +28,32 @@ class Runner(Protocol):
     """Anything that turns an ExperimentSpec into an ExperimentResult without raising."""
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult: ...
+
+
+@runtime_checkable
+class ConcurrentRunner(Protocol):
+    """A runner with room for several experiments at once (the Ray runner)."""
+
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether each rank holds GPUs of its own (else ranks share the nodes' cores)."""
+        ...
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        """How many experiments of this shape fit at once, each with its own resources."""
+        ...
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        """Start ``spec`` as soon as there is room; its result comes from ``wait``."""
+        ...
+
+    def wait(self) -> list[ExperimentResult]:
+        """Block until a submitted experiment finishes; those finished by then."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop every submitted experiment, releasing its resources; no results come back."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -101,6 +131,7 @@ class TuningEvent:
     candidate: Candidate | None
     result: ExperimentResult | None
     summary: TuningSummary
+    running: tuple[Candidate, ...] = ()  # every experiment in flight after this event
 
 
 @dataclass(frozen=True)
@@ -115,9 +146,24 @@ class TuningReport:
 
 
 def tune(
-    job: TuningJob, runner: Runner, on_event: Callable[[TuningEvent], None] | None = None
+    job: TuningJob,
+    runner: Runner | ConcurrentRunner,
+    on_event: Callable[[TuningEvent], None] | None = None,
+    max_concurrent: int | None = None,
 ) -> TuningReport:
     """Run (or resume) a tuning job to the end.
+
+    Args:
+        job: what to tune, and where.
+        runner: runs the experiments; a :class:`ConcurrentRunner` may run several at once.
+        on_event: progress callback.
+        max_concurrent: experiments in flight at most (never more than fit, each with its
+            own resources). Default: as many as fit where ranks hold GPUs, else 1, since
+            experiments sharing cores measure each other.
+
+    An interruption (Ctrl-C, any exception) cancels the experiments in flight and releases
+    their resources before it propagates; their results are not recorded, so a resumed run
+    runs them again.
 
     Raises:
         WorkloadError: the workload spec or its arguments are unusable (before any experiment).
@@ -151,18 +197,31 @@ def tune(
             tuner.tell(past)
         if history:
             notify(TuningEvent("resumed", None, None, tuner.summary()))
+        slots = _Slots(runner, job, max_concurrent)
         run_now = 0
-        while (candidate := tuner.ask()) is not None:
-            spec = experiment_spec(job, candidate, info.flops_per_sample)
-            results.start(spec)
-            notify(TuningEvent("started", candidate, None, tuner.summary()))
-            result = runner.run(spec)
-            results.record(
-                spec, result, {"phase": candidate.phase.value, "repeat_of": candidate.repeat_of}
-            )
-            tuner.tell(result)
-            run_now += 1
-            notify(TuningEvent("finished", candidate, result, tuner.summary()))
+        in_flight: dict[str, tuple[ExperimentSpec, Candidate]] = {}
+        try:
+            while True:
+                while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
+                    spec = experiment_spec(job, candidate, info.flops_per_sample)
+                    results.start(spec)
+                    slots.runner.submit(spec)
+                    in_flight[spec.name] = (spec, candidate)
+                    running = tuple(c for _, c in in_flight.values())
+                    notify(TuningEvent("started", candidate, None, tuner.summary(), running))
+                if not in_flight:  # the tuner asks for nothing and waits for nothing: done
+                    break
+                for result in slots.runner.wait():
+                    spec, candidate = in_flight.pop(result.name)
+                    extra = {"phase": candidate.phase.value, "repeat_of": candidate.repeat_of}
+                    results.record(spec, result, extra)  # committed the moment it finishes
+                    tuner.tell(result)
+                    run_now += 1
+                    running = tuple(c for _, c in in_flight.values())
+                    notify(TuningEvent("finished", candidate, result, tuner.summary(), running))
+        except BaseException:
+            slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
+            raise
         summary = tuner.summary()
         optimal = tuner.optimal_config()
         optimal_path = results.write_optimal(optimal) if optimal is not None else None
@@ -171,6 +230,52 @@ def tune(
             format_summary(summary, optimal_path, job),
         )
     return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+
+
+class _OneAtATime:
+    """A plain :class:`Runner` behind the concurrent interface: each ``wait`` runs the next
+    submitted experiment to its end."""
+
+    uses_gpus = False
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        self._queued: list[ExperimentSpec] = []
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        return 1
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        self._queued.append(spec)
+
+    def wait(self) -> list[ExperimentResult]:
+        return [self._runner.run(self._queued.pop(0))] if self._queued else []
+
+    def cancel(self) -> None:
+        self._queued.clear()
+
+
+class _Slots:
+    """How many experiments may be in flight now: asked again after every result, so a node
+    that leaves the cluster (or joins it) changes how many run."""
+
+    def __init__(
+        self, runner: Runner | ConcurrentRunner, job: TuningJob, max_concurrent: int | None
+    ) -> None:
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        self.runner: ConcurrentRunner = (
+            runner if isinstance(runner, ConcurrentRunner) else _OneAtATime(runner)
+        )
+        self._job = job
+        self._max_concurrent = max_concurrent
+
+    def count(self) -> int:
+        if self._max_concurrent is None and not self.runner.uses_gpus:
+            return 1  # experiments sharing cores would measure each other
+        fits = self.runner.capacity(self._job.world_size, self._job.cpus_per_rank)
+        # At least one: a gang that does not fit yet waits for room (or fails placement).
+        return max(1, min(fits, self._max_concurrent or fits))
 
 
 def _has_cuda() -> bool:
