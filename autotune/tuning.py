@@ -192,32 +192,37 @@ def tune(
             device_memory_bytes=job.memory_budget,
             storage=results.study_url,
         )
-        history = results.results()
+        history, next_proposal = _replay_order(results.records())
         for past in history:
             tuner.tell(past)
         if history:
             notify(TuningEvent("resumed", None, None, tuner.summary()))
         slots = _Slots(runner, job, max_concurrent)
         run_now = 0
-        in_flight: dict[str, tuple[ExperimentSpec, Candidate]] = {}
+        in_flight: dict[str, tuple[ExperimentSpec, Candidate, int]] = {}
         try:
             while True:
                 while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
                     spec = experiment_spec(job, candidate, info.flops_per_sample)
                     results.start(spec)
                     slots.runner.submit(spec)
-                    in_flight[spec.name] = (spec, candidate)
-                    running = tuple(c for _, c in in_flight.values())
+                    in_flight[spec.name] = (spec, candidate, next_proposal)
+                    next_proposal += 1
+                    running = tuple(c for _, c, _ in in_flight.values())
                     notify(TuningEvent("started", candidate, None, tuner.summary(), running))
                 if not in_flight:  # the tuner asks for nothing and waits for nothing: done
                     break
                 for result in slots.runner.wait():
-                    spec, candidate = in_flight.pop(result.name)
-                    extra = {"phase": candidate.phase.value, "repeat_of": candidate.repeat_of}
+                    spec, candidate, proposed = in_flight.pop(result.name)
+                    extra = {
+                        "phase": candidate.phase.value,
+                        "repeat_of": candidate.repeat_of,
+                        "proposed": proposed,
+                    }
                     results.record(spec, result, extra)  # committed the moment it finishes
                     tuner.tell(result)
                     run_now += 1
-                    running = tuple(c for _, c in in_flight.values())
+                    running = tuple(c for _, c, _ in in_flight.values())
                     notify(TuningEvent("finished", candidate, result, tuner.summary(), running))
         except BaseException:
             slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
@@ -230,6 +235,21 @@ def tune(
             format_summary(summary, optimal_path, job),
         )
     return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+
+
+def _replay_order(records: list[dict[str, Any]]) -> tuple[list[ExperimentResult], int]:
+    """The log's experiments in the order they were proposed, and the next proposal's number.
+
+    The log holds them in the order they finished, which differs from the order they were
+    proposed when several ran at once; the tuner's early stopping counts in proposal order,
+    so replaying in it makes a resumed run decide as the interrupted one would have (and so
+    run again every experiment that was cut off). A log line without ``proposed`` (an older
+    run) keeps its place.
+    """
+    numbered = [(record.get("proposed", index), record) for index, record in enumerate(records)]
+    numbered.sort(key=lambda item: item[0])
+    next_proposal = max((number for number, _ in numbered), default=-1) + 1
+    return [ExperimentResult.from_dict(record) for _, record in numbered], next_proposal
 
 
 class _OneAtATime:

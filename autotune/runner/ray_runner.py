@@ -135,10 +135,11 @@ class _DriverPaths:
 class _RankActor:
     """One rank's warm process. Decorated with ``ray.remote`` below."""
 
-    def __init__(self, rank_fn: RankFn, num_threads: int) -> None:
-        import torch  # the import a fresh launch pays every time, paid once here
+    def __init__(self, rank_fn: RankFn, num_threads: int, preload_torch: bool = True) -> None:
+        if preload_torch:
+            import torch  # the import a fresh launch pays every time, paid once here
 
-        torch.set_num_threads(num_threads)
+            torch.set_num_threads(num_threads)
         self._rank_fn = rank_fn
         gc.freeze()
 
@@ -202,6 +203,7 @@ class _Gang:
         rank_fn: RankFn,
         strategy: Strategy,
         env_vars: Mapping[str, str],
+        preload_torch: bool = True,
     ) -> None:
         self.shape = shape
         self.created = time.monotonic()
@@ -221,7 +223,7 @@ class _Gang:
                     self.group, placement_group_bundle_index=rank
                 ),
                 runtime_env={"env_vars": dict(env_vars)},
-            ).remote(rank_fn, shape.cpus_per_rank)
+            ).remote(rank_fn, shape.cpus_per_rank, preload_torch)
             for rank in range(shape.world_size)
         ]
 
@@ -407,6 +409,8 @@ class RayRunner:
             a node can hold the gang and SPREAD where the world size needs several nodes.
             ``PACK`` / ``SPREAD`` / ``STRICT_SPREAD`` force Ray's strategy of that name.
         rank_fn: what each rank runs; tests inject stand-ins for ``run_rank``.
+        preload_torch: import torch as a rank actor starts, before its first experiment
+            (a stand-in ``rank_fn`` that never uses torch skips the import's seconds).
         quiet: keep the actors' logs out of the driver's terminal (failures still come back
             in the results).
     """
@@ -420,6 +424,7 @@ class RayRunner:
         resources_per_rank: Mapping[str, float] | None = None,
         strategy: Strategy | None = None,
         rank_fn: RankFn = run_rank,
+        preload_torch: bool = True,
         quiet: bool = True,
     ) -> None:
         self._owns_ray = _connect(address, num_cpus, quiet)
@@ -429,6 +434,7 @@ class RayRunner:
         self._resources = tuple(sorted((resources_per_rank or {}).items()))
         self._strategy = strategy
         self._rank_fn = rank_fn
+        self._preload_torch = preload_torch
         self._pool = _Pool(self._make_gang)
         self._queued: deque[ExperimentSpec] = deque()
         self._running: list[_Running] = []
@@ -604,7 +610,7 @@ class RayRunner:
             "PYTHONPATH": os.pathsep.join(_DriverPaths.capture().sys_path),
         }
         strategy = self._strategy_for(shape, _ranks_per_node(shape))
-        return _Gang(shape, self._rank_fn, strategy, env_vars)
+        return _Gang(shape, self._rank_fn, strategy, env_vars, self._preload_torch)
 
     def _finish(self, experiment: _Running) -> ExperimentResult:
         result = experiment.result()
