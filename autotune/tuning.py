@@ -197,36 +197,14 @@ def tune(
             tuner.tell(past)
         if history:
             notify(TuningEvent("resumed", None, None, tuner.summary()))
-        slots = _Slots(runner, job, max_concurrent)
-        run_now = 0
-        in_flight: dict[str, tuple[ExperimentSpec, Candidate, int]] = {}
-        try:
-            while True:
-                while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
-                    spec = experiment_spec(job, candidate, info.flops_per_sample)
-                    results.start(spec)
-                    slots.runner.submit(spec)
-                    in_flight[spec.name] = (spec, candidate, next_proposal)
-                    next_proposal += 1
-                    running = tuple(c for _, c, _ in in_flight.values())
-                    notify(TuningEvent("started", candidate, None, tuner.summary(), running))
-                if not in_flight:  # the tuner asks for nothing and waits for nothing: done
-                    break
-                for result in slots.runner.wait():
-                    spec, candidate, proposed = in_flight.pop(result.name)
-                    extra = {
-                        "phase": candidate.phase.value,
-                        "repeat_of": candidate.repeat_of,
-                        "proposed": proposed,
-                    }
-                    results.record(spec, result, extra)  # committed the moment it finishes
-                    tuner.tell(result)
-                    run_now += 1
-                    running = tuple(c for _, c, _ in in_flight.values())
-                    notify(TuningEvent("finished", candidate, result, tuner.summary(), running))
-        except BaseException:
-            slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
-            raise
+        run_now = _run_to_the_end(
+            tuner,
+            results,
+            _Slots(runner, job, max_concurrent),
+            lambda candidate: experiment_spec(job, candidate, info.flops_per_sample),
+            notify,
+            next_proposal,
+        )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
         optimal_path = results.write_optimal(optimal) if optimal is not None else None
@@ -235,6 +213,53 @@ def tune(
             format_summary(summary, optimal_path, job),
         )
     return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+
+
+def _run_to_the_end(
+    tuner: Tuner,
+    results: ResultsDir,
+    slots: _Slots,
+    make_spec: Callable[[Candidate], ExperimentSpec],
+    notify: Callable[[TuningEvent], None],
+    next_proposal: int,
+) -> int:
+    """Keep every free slot busy until the tuner is done; the number of experiments run.
+
+    A slot is filled the moment it frees; each result is recorded as soon as it arrives (the
+    log line is the commit point). ``ask`` returning None with experiments in flight means
+    "wait for a result", so the loop waits for one and asks again.
+    """
+    run_now = 0
+    in_flight: dict[str, tuple[ExperimentSpec, Candidate, int]] = {}
+
+    def running() -> tuple[Candidate, ...]:
+        return tuple(candidate for _, candidate, _ in in_flight.values())
+
+    try:
+        while True:
+            while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
+                spec = make_spec(candidate)
+                results.start(spec)
+                slots.runner.submit(spec)
+                in_flight[spec.name] = (spec, candidate, next_proposal)
+                next_proposal += 1
+                notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
+            if not in_flight:  # the tuner asks for nothing and waits for nothing: done
+                return run_now
+            for result in slots.runner.wait():
+                spec, candidate, proposed = in_flight.pop(result.name)
+                extra = {
+                    "phase": candidate.phase.value,
+                    "repeat_of": candidate.repeat_of,
+                    "proposed": proposed,
+                }
+                results.record(spec, result, extra)
+                tuner.tell(result)
+                run_now += 1
+                notify(TuningEvent("finished", candidate, result, tuner.summary(), running()))
+    except BaseException:
+        slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
+        raise
 
 
 def _replay_order(records: list[dict[str, Any]]) -> tuple[list[ExperimentResult], int]:

@@ -339,7 +339,12 @@ class _Running:
         try:
             outcome: RankOutcome = ray.get(future)
             return outcome
-        except (ray.exceptions.ActorDiedError, ray.exceptions.OutOfMemoryError) as exc:
+        except (
+            ray.exceptions.ActorDiedError,
+            # Unreachable, e.g. its node left the cluster; with no restarts it never returns.
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.OutOfMemoryError,
+        ) as exc:
             self.gang_broken = True
             return self._actor_lost(rank, exc)
         except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
@@ -359,7 +364,9 @@ class _Running:
             peer_failure = False
         else:
             status = Status.error
-            error = f"RankDied: rank {rank} actor died during the experiment ({_death_cause(exc)})"
+            unreachable = isinstance(exc, ray.exceptions.ActorUnavailableError)
+            how = "became unreachable (its node may have left)" if unreachable else "died"
+            error = f"RankDied: rank {rank} actor {how} during the experiment ({_death_cause(exc)})"
             # Only the rank whose own actor died is a cause; a rank that merely waited for
             # rank 0's address reports rank 0's death.
             peer_failure = getattr(exc, "actor_id", None) != self._actor_id(rank)

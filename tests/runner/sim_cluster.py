@@ -8,6 +8,7 @@ cluster only, and the test session is already connected to the shared test clust
 
     python -m tests.runner.sim_cluster serve --nodes 3 --gpus 2     # prints the address
     python -m tests.runner.sim_cluster tune ADDRESS RESULTS_DIR --max-concurrent 3
+    python -m tests.runner.sim_cluster side-by-side ADDRESS --count 4     # run_many, no tuner
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ def sleep_rank(
 
     context = ray.get_runtime_context()
     began = time.time()
+    Path(log_dir, f"{spec.name}.{rank}.started").touch()
     time.sleep(seconds)
     placement = {
         "name": spec.name,
@@ -114,10 +117,35 @@ def private_ray_env(temp_dir: str) -> dict[str, str]:
     return env
 
 
+@dataclass
+class SimulatedCluster:
+    """A running simulated cluster: where to connect, in what environment, and a way to
+    take a node away."""
+
+    address: str
+    env: dict[str, str]
+    _server: subprocess.Popen[str]
+
+    def remove_worker_node(self) -> str:
+        """Kill every process of one non-head node, as if its machine went away; its id."""
+        assert self._server.stdin is not None and self._server.stdout is not None
+        self._server.stdin.write("remove-worker\n")
+        self._server.stdin.flush()
+        return str(_reply(self._server, "removed"))
+
+
+def _reply(server: subprocess.Popen[str], key: str) -> Any:
+    """The server's next ``{key: ...}`` line (its nodes' processes log to the same stdout)."""
+    assert server.stdout is not None
+    for line in server.stdout:
+        if line.startswith(f'{{"{key}"'):
+            return json.loads(line)[key]
+    raise RuntimeError(f"the simulated cluster ended (exit {server.wait()}) without {key!r}")
+
+
 @contextmanager
-def simulated_cluster(nodes: int, gpus: int, cpus: int) -> Iterator[tuple[str, dict[str, str]]]:
-    """A cluster served by a child process; yields its address and the environment drivers
-    must run in. Stopped (every node's processes) on exit."""
+def simulated_cluster(nodes: int, gpus: int, cpus: int) -> Iterator[SimulatedCluster]:
+    """A cluster served by a child process, stopped (every node's processes) on exit."""
     temp_dir = tempfile.mkdtemp(prefix="at-sim-", dir="/tmp")  # short: unix socket paths
     env = private_ray_env(temp_dir)
     sizes = ["--nodes", str(nodes), "--gpus", str(gpus), "--cpus", str(cpus)]
@@ -131,11 +159,7 @@ def simulated_cluster(nodes: int, gpus: int, cpus: int) -> Iterator[tuple[str, d
         start_new_session=True,
     )
     try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the simulated cluster did not start (exit {server.wait()})")
-        yield json.loads(line)["address"], env
+        yield SimulatedCluster(_reply(server, "address"), env, server)
     finally:
         if server.stdin is not None:
             server.stdin.close()  # asks it to shut its cluster down
@@ -167,9 +191,38 @@ def _serve(args: argparse.Namespace) -> None:
     cluster = start_cluster(args.nodes, args.gpus, args.cpus)
     try:
         print(json.dumps({"address": cluster.address}), flush=True)
-        sys.stdin.read()  # until the parent closes our stdin (or dies)
+        for line in sys.stdin:  # until the parent closes our stdin (or dies)
+            if line.strip() == "remove-worker":
+                node = next(iter(cluster.worker_nodes))
+                cluster.remove_node(node, allow_graceful=False)
+                print(json.dumps({"removed": node.node_id}), flush=True)
     finally:
         cluster.shutdown()
+
+
+def _side_by_side(args: argparse.Namespace) -> None:
+    """Run ``--count`` experiments of world size 2 at once; report each result."""
+    from autotune.runner.ray_runner import RayRunner
+
+    rank_fn = functools.partial(sleep_rank, seconds=args.seconds, log_dir=args.log_dir)
+    ds_config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 2}
+    specs = [
+        ExperimentSpec(
+            f"side-{i}",
+            ds_config,
+            world_size=2,
+            start_profile_step=1,
+            end_profile_step=1,
+            timeout_s=120,
+        )
+        for i in range(args.count)
+    ]
+    with RayRunner(args.address, rank_fn=rank_fn, preload_torch=False) as runner:
+        results = [
+            {"name": r.name, "status": r.status.value, "error": r.error, "nodes": r.node_ids}
+            for r in runner.run_many(specs)
+        ]
+        print(json.dumps({"results": results}), flush=True)
 
 
 def _tune(args: argparse.Namespace) -> None:
@@ -205,11 +258,13 @@ def main() -> None:
     run.add_argument("--seconds", type=float, default=0.5)
     run.add_argument("--log-dir", required=True)
     run.add_argument("--max-concurrent", type=int, default=None)
+    side = commands.add_parser("side-by-side")
+    side.add_argument("address")
+    side.add_argument("--count", type=int, default=4)
+    side.add_argument("--seconds", type=float, default=5.0)
+    side.add_argument("--log-dir", required=True)
     args = parser.parse_args()
-    if args.command == "serve":
-        _serve(args)
-    else:
-        _tune(args)
+    {"serve": _serve, "tune": _tune, "side-by-side": _side_by_side}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Experiments side by side on a simulated two-node cluster (4 logical GPUs per node): as
-many run at once as fit, each on GPUs of its own, the same experiments as one at a time, and a
-run killed with several in flight loses nothing and runs nothing twice.
+many run at once as fit, each on GPUs of its own, the same experiments as one at a time, a
+run killed with several in flight loses nothing and runs nothing twice, and a node that leaves
+fails only the experiments that had ranks on it.
 
 Ranks sleep instead of training (:mod:`tests.runner.sim_cluster`), so four experiments at once
 cost no more CPU than one. One run is killed with -9 and resumed to the end; the tests read
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from autotune.results import load_results
 from autotune.tuning import tune
 from tests.runner.sim_cluster import (
     ROOT,
+    SimulatedCluster,
     config_metrics,
     simulated_cluster,
     tune_command,
@@ -63,34 +66,43 @@ def sequential_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilledAndResumed]:
+def cluster() -> Iterator[SimulatedCluster]:
+    with simulated_cluster(NODES, GPUS_PER_NODE, cpus=GPUS_PER_NODE) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(
+    cluster: SimulatedCluster, tmp_path_factory: pytest.TempPathFactory
+) -> KilledAndResumed:
     """A run at the default concurrency, killed with -9 once one experiment has finished and
     at least two are running, then the same command again to the end."""
     scratch = tmp_path_factory.mktemp("parallel")
     results, log_dir = scratch / "results", scratch / "placements"
     log_dir.mkdir()
-    with simulated_cluster(NODES, GPUS_PER_NODE, cpus=GPUS_PER_NODE) as (address, env):
-        command = tune_command(address, results, max_concurrent=None, seconds=1.0, log_dir=log_dir)
+    command = tune_command(
+        cluster.address, results, max_concurrent=None, seconds=1.0, log_dir=log_dir
+    )
 
-        def start() -> subprocess.Popen[str]:
-            return subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=cluster.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
-        killed = start()
-        cut_off = _wait_for_several_in_flight(results, killed)
-        killed.send_signal(signal.SIGKILL)
-        killed.wait(timeout=30)
-        finished_at_kill = _names(results / "experiments.jsonl")
-        resumed = start()
-        out, err = resumed.communicate(timeout=150)
-        assert resumed.returncode == 0, err[-3000:]
-    yield KilledAndResumed(
+    killed = start()
+    cut_off = _wait_for_several_in_flight(results, killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=30)
+    finished_at_kill = _names(results / "experiments.jsonl")
+    resumed = start()
+    out, err = resumed.communicate(timeout=150)
+    assert resumed.returncode == 0, err[-3000:]
+    return KilledAndResumed(
         results_dir=results,
         placements=[json.loads(path.read_text()) for path in log_dir.glob("*.json")],
         capacity=json.loads(out.strip().splitlines()[-1])["capacity"],
@@ -166,3 +178,33 @@ def test_kill_9_with_several_in_flight_loses_nothing_and_runs_nothing_twice(
     assert sorted(run.names) == sorted(sequential_names)
     summary = json.loads((run.results_dir / "summary.json").read_text())
     assert summary["num_run"] == len(run.names)
+
+
+def test_a_node_that_leaves_fails_only_the_experiments_on_it(
+    cluster: SimulatedCluster, tmp_path: Path
+) -> None:
+    """Runs last: it takes a node away from the module's cluster."""
+    command = [sys.executable, "-m", "tests.runner.sim_cluster", "side-by-side"]
+    command += [cluster.address, "--count", "4", "--seconds", "8", "--log-dir", str(tmp_path)]
+    driver = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.started"))) < 8:  # every rank of the four is sleeping
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    gone = cluster.remove_worker_node()
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err[-3000:]
+    # Ray tells the driver about the lost node on the same stdout.
+    report = json.loads(next(line for line in out.splitlines() if line.startswith('{"results"')))
+    on_gone = [r for r in report["results"] if gone in r["nodes"]]
+    elsewhere = [r for r in report["results"] if gone not in r["nodes"]]
+    assert len(on_gone) == len(elsewhere) == 2
+    assert all(r["status"] == "error" and "RankDied" in r["error"] for r in on_gone)
+    assert all(r["status"] == "ok" for r in elsewhere)
