@@ -528,7 +528,12 @@ class RayRunner:
 
     def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
         """How many experiments of ``world_size`` ranks the live nodes hold at once, each
-        gang with resources of its own (0: not even one)."""
+        gang with resources of its own (0: not even one).
+
+        Raises:
+            ConfigError: the cluster has too few GPUs for ``world_size`` ranks at all.
+        """
+        self._check_gpus_fit(world_size)
         shape = GangShape(world_size, cpus_per_rank, self._gpus_per_rank, self._resources)
         per_node = _ranks_per_node(shape)
         if self._strategy_for(shape, per_node) == "STRICT_PACK":
