@@ -149,7 +149,10 @@ class Communicator:
             # adding a reduce-scatter's result would.
             parts = [rows[r] if r == self.rank else received_rows[r] for r in range(len(rows))]
             target = received_rows[self.rank] if accumulate else output
-            torch.add(parts[0], parts[1], out=target)
+            if len(parts) == 1:  # a group of one rank: its own row is the sum
+                target.copy_(parts[0])
+            else:
+                torch.add(parts[0], parts[1], out=target)
             for part in parts[2:]:
                 target.add_(part)
             if accumulate:
@@ -300,8 +303,20 @@ def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup 
     if world_size == 1:
         return None
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        # Before the group exists: NCCL binds its communicator to the current device, and
+        # every rank of a node would otherwise share GPU 0.
+        local_cuda_device()
     # env:// reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them.
     dist.init_process_group(backend, init_method="env://")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.group.WORLD
+
+
+def local_cuda_device() -> torch.device:
+    """This rank's GPU, made the current device: ``LOCAL_RANK``'s where a launcher set it (as
+    DeepSpeed's engine picks it, for scripts that start NCCL themselves and never choose a
+    GPU), else the current one."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None:
+        torch.cuda.set_device(int(local) % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())

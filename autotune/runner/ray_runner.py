@@ -621,6 +621,11 @@ class RayRunner:
             # For modules the actor must import before any experiment arrives (the rank_fn's).
             "PYTHONPATH": os.pathsep.join(_DriverPaths.capture().sys_path),
         }
+        if not shape.gpus_per_rank:
+            # 0 GPUs means CPU ranks: a rank that sees a GPU takes it (NCCL), and ranks
+            # sharing one GPU fail. Hidden here rather than trusting Ray's defaults for
+            # actors that ask for no GPU, which have varied across versions.
+            env_vars["CUDA_VISIBLE_DEVICES"] = ""
         strategy = self._strategy_for(shape, _ranks_per_node(shape))
         return _Gang(shape, self._rank_fn, strategy, env_vars, self._preload_torch)
 
