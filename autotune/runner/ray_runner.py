@@ -606,10 +606,12 @@ class RayRunner:
             self._waiting_since = time.perf_counter()
         return refusals
 
-    def _strategy_for(self, shape: GangShape, ranks_per_node: list[int]) -> Strategy:
+    def _strategy_for(self, shape: GangShape, ranks_per_node: list[int] | None = None) -> Strategy:
         """The asked strategy, else one node for the whole gang where a node can hold it."""
         if self._strategy is not None:
             return self._strategy
+        if ranks_per_node is None:
+            ranks_per_node = _ranks_per_node(shape)
         return "STRICT_PACK" if max(ranks_per_node, default=0) >= shape.world_size else "SPREAD"
 
     def _make_gang(self, shape: GangShape) -> _Gang:
@@ -626,7 +628,7 @@ class RayRunner:
             # sharing one GPU fail. Hidden here rather than trusting Ray's defaults for
             # actors that ask for no GPU, which have varied across versions.
             env_vars["CUDA_VISIBLE_DEVICES"] = ""
-        strategy = self._strategy_for(shape, _ranks_per_node(shape))
+        strategy = self._strategy_for(shape)
         return _Gang(shape, self._rank_fn, strategy, env_vars, self._preload_torch)
 
     def _finish(self, experiment: _Running) -> ExperimentResult:
