@@ -192,9 +192,7 @@ def tune(
             device_memory_bytes=job.memory_budget,
             storage=results.study_url,
         )
-        history, next_proposal = _replay_order(results.records())
-        for past in history:
-            tuner.tell(past)
+        history, owed, next_proposal = _replay(tuner, results)
         if history:
             notify(TuningEvent("resumed", None, None, tuner.summary()))
         run_now = _run_to_the_end(
@@ -203,6 +201,7 @@ def tune(
             _Slots(runner, job, max_concurrent),
             lambda candidate: experiment_spec(job, candidate, info.flops_per_sample),
             notify,
+            owed,
             next_proposal,
         )
         summary = tuner.summary()
@@ -221,6 +220,7 @@ def _run_to_the_end(
     slots: _Slots,
     make_spec: Callable[[Candidate], ExperimentSpec],
     notify: Callable[[TuningEvent], None],
+    owed: dict[str, int],
     next_proposal: int,
 ) -> int:
     """Keep every free slot busy until the tuner is done; the number of experiments run.
@@ -239,10 +239,12 @@ def _run_to_the_end(
         while True:
             while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
                 spec = make_spec(candidate)
-                results.start(spec)
+                proposed = owed.pop(spec.name, None)  # run again: keeps its first number
+                if proposed is None:
+                    proposed, next_proposal = next_proposal, next_proposal + 1
+                results.start(spec, {"proposed": proposed})
                 slots.runner.submit(spec)
-                in_flight[spec.name] = (spec, candidate, next_proposal)
-                next_proposal += 1
+                in_flight[spec.name] = (spec, candidate, proposed)
                 notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
             if not in_flight:  # the tuner asks for nothing and waits for nothing: done
                 return run_now
@@ -262,19 +264,39 @@ def _run_to_the_end(
         raise
 
 
-def _replay_order(records: list[dict[str, Any]]) -> tuple[list[ExperimentResult], int]:
-    """The log's experiments in the order they were proposed, and the next proposal's number.
+def _replay(
+    tuner: Tuner, results: ResultsDir
+) -> tuple[list[ExperimentResult], dict[str, int], int]:
+    """Tell ``tuner`` what an earlier run did, in the order it proposed it: the finished
+    experiments (the log), and those it left running (started, never finished). Returns the
+    finished ones, the proposal number of each unfinished one, and the next number.
 
-    The log holds them in the order they finished, which differs from the order they were
-    proposed when several ran at once; the tuner's early stopping counts in proposal order,
-    so replaying in it makes a resumed run decide as the interrupted one would have (and so
-    run again every experiment that was cut off). A log line without ``proposed`` (an older
-    run) keeps its place.
+    The log holds experiments in the order they finished, which differs from the order they
+    were proposed when several ran at once; early stopping counts in proposal order, so
+    replaying in it, with the unfinished ones in their places, makes the resumed run decide
+    as the interrupted one would have. A log line without ``proposed`` (an older run) keeps
+    its place.
     """
-    numbered = [(record.get("proposed", index), record) for index, record in enumerate(records)]
-    numbered.sort(key=lambda item: item[0])
-    next_proposal = max((number for number, _ in numbered), default=-1) + 1
-    return [ExperimentResult.from_dict(record) for _, record in numbered], next_proposal
+    events: list[tuple[int, ExperimentResult | str]] = [
+        (record.get("proposed", index), ExperimentResult.from_dict(record))
+        for index, record in enumerate(results.records())
+    ]
+    owed = {
+        name: int(started["proposed"])
+        for name, started in results.unfinished().items()
+        if "proposed" in started
+    }
+    events += [(number, name) for name, number in owed.items()]
+    events.sort(key=lambda event: event[0])
+    history = []
+    for _, event in events:
+        if isinstance(event, str):
+            tuner.owe(event)
+        else:
+            tuner.tell(event)
+            history.append(event)
+    next_proposal = max((number for number, _ in events), default=-1) + 1
+    return history, owed, next_proposal
 
 
 class _OneAtATime:

@@ -153,6 +153,7 @@ class Tuner:
         self._results: dict[str, ExperimentResult] = {}
         self._order: list[str] = []  # names in the order they were told
         self._proposed: list[str] = []  # names in the order they were asked (or replayed)
+        self._owed: set[str] = set()  # proposed by an interrupted run, never finished
         self._pending: dict[str, Candidate] = {}
         self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
         self._phase = Phase.max_micro_batch
@@ -204,9 +205,24 @@ class Tuner:
             candidate = self._candidate(name)
             if candidate is not None:
                 self._pending[name] = candidate
-                self._proposed.append(name)
+                if name in self._owed:  # keeps the place it was first proposed at
+                    self._owed.discard(name)
+                else:
+                    self._proposed.append(name)
                 return candidate
         return None
+
+    def owe(self, name: str) -> None:
+        """Replay an experiment an interrupted run proposed but never finished, in its place
+        among the replayed results (call in the order they were proposed).
+
+        Until it is run again it counts as in flight for early stopping, and its phase
+        proposes it before anything new, so the resumed run decides as the interrupted one
+        would have.
+        """
+        if name not in self._results and name not in self._proposed:
+            self._proposed.append(name)
+            self._owed.add(name)
 
     def tell(self, result: ExperimentResult) -> None:
         """Record a finished experiment of any status.
@@ -219,7 +235,10 @@ class Tuner:
             return
         if self._pending.pop(result.name, None) is None:
             self._replayed.append(result)
-            self._proposed.append(result.name)
+            if result.name in self._owed:
+                self._owed.discard(result.name)
+            else:
+                self._proposed.append(result.name)
         self._results[result.name] = result
         self._order.append(result.name)
         self._note_oom(result.name)
@@ -285,6 +304,11 @@ class Tuner:
             return next((n for n in targets if n is not None and self._is_free(n)), None)
         if self._sampler is None:  # nothing to tune in this phase
             return None
+        # What an interrupted run had running comes first, as it would have finished first.
+        owed = (n for n in self._proposed if n in self._owed and n in self._phase_points)
+        name = next((n for n in owed if self._is_free(n)), None)
+        if name is not None:
+            return name
         patience = self._tuning.tuner_early_stopping
         if self._since_best() >= patience:
             if not self._pending:  # else results in flight may still bring a new best
@@ -515,6 +539,13 @@ class Tuner:
         self._stop_reason = f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
         return True
 
+    def _of_a_later_phase(self, name: str) -> bool:
+        """A knob experiment while the micro-batch phase runs: replayed from a run that got
+        further, it must not end or extend the micro-batch search (a resumed run decides each
+        phase on what that phase knew)."""
+        entry = self._entries.get(name)
+        return entry is None or (self._phase is Phase.micro_batch and bool(entry.knobs))
+
     def _since_best(self) -> int:
         """Experiments of this phase since the last new best (of any phase), in the order
         they were proposed.
@@ -527,7 +558,7 @@ class Tuner:
         since = 0
         unsettled = False
         for name in self._proposed:
-            if split_repeat(name)[1] != 0:
+            if split_repeat(name)[1] != 0 or self._of_a_later_phase(name):
                 continue
             result = self._results.get(name)
             unsettled = unsettled or result is None

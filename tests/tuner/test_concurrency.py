@@ -106,3 +106,38 @@ def test_replayed_experiments_that_overlapped_count_their_wall_time_once() -> No
     side_by_side = [ran("a", 0, 10), ran("b", 2, 10), ran("c", 20, 5)]
     assert wall_time_s(side_by_side) == pytest.approx(17.0)
     assert wall_time_s([ExperimentResult("x", Status.ok, timings=Timings(total_s=4))]) == 4.0
+
+
+@pytest.mark.parametrize("tuner_type", ["gridsearch", "random"])
+@pytest.mark.parametrize("interrupt_after", [2, 6, 9, 13])
+def test_a_resume_with_several_cut_off_runs_what_one_at_a_time_would(
+    tuner_type: str, interrupt_after: int
+) -> None:
+    """Killed with three in flight: replayed in proposal order, the cut-off ones owed in
+    their places, the resumed run runs exactly the sequential run's experiments."""
+    landscape = Landscape(noise=0.05)
+    settings = {"tuner_early_stopping": 3, "tuner_num_trials": 14, "num_remeasure": 2}
+    sequential = {c.name for c in drive(small_tuner(tuner_type, **settings), landscape)}
+    for seed in range(3):
+        finish_order = random.Random(seed)
+        first = small_tuner(tuner_type, **settings)
+        proposed: list[str] = []
+        in_flight: dict[str, Candidate] = {}
+        finished: dict[str, ExperimentResult] = {}
+        while len(finished) < interrupt_after:
+            while len(in_flight) < 3 and (candidate := first.ask()) is not None:
+                proposed.append(candidate.name)
+                in_flight[candidate.name] = candidate
+            done = in_flight.pop(finish_order.choice(sorted(in_flight)))
+            finished[done.name] = landscape.run(done)
+            first.tell(finished[done.name])
+        resumed = small_tuner(tuner_type, **settings)
+        for name in proposed:  # what tune() replays from the log and the started folders
+            if name in finished:
+                resumed.tell(finished[name])
+            else:
+                resumed.owe(name)
+        rest = drive(resumed, landscape)
+        assert set(in_flight) <= {c.name for c in rest}, "a cut-off experiment was lost"
+        assert set(finished) | {c.name for c in rest} == sequential
+        assert not set(finished) & {c.name for c in rest}
