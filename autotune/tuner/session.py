@@ -23,7 +23,8 @@ tells the two apart. The trial cap and early stopping count experiments in fligh
 with several at once proposes exactly what a one-at-a-time run would (given the same results).
 
 Every decision is derived from the results told so far, so a resumed run re-seeds the tuner by
-telling it the results log, in order, before asking (names identify configurations).
+telling it the results log before asking (names identify configurations), in the order the
+experiments were proposed, with those left unfinished owed in their places (:meth:`Tuner.owe`).
 """
 
 from __future__ import annotations
