@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.config import Config, ConfigError, load_config
-from autotune.engine import hooks
+from autotune.engine import checkpoint, hooks
 from autotune.engine.comm import Communicator, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.launch import ConfigSource, config_source
@@ -484,6 +484,52 @@ class ZeroEngine(nn.Module):
     @property
     def loss_scale(self) -> float:
         return self.loss_scaler.scale
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def save_checkpoint(
+        self,
+        save_dir: str | Path,
+        tag: str | None = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """Save everything needed to resume bit-for-bit under ``save_dir/<tag>`` (default
+        ``global_step<N>``) and point ``save_dir/latest`` at it. Every rank must call this.
+
+        ``save_latest`` and ``exclude_frozen_parameters`` are accepted for compatibility;
+        ``latest`` is always written (last, so it only ever names a complete checkpoint).
+        """
+        del save_latest, exclude_frozen_parameters
+        checkpoint.save(self, save_dir, tag, dict(client_state or {}))
+        return True
+
+    def load_checkpoint(
+        self,
+        load_dir: str | Path,
+        tag: str | None = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """Restore a checkpoint (``tag``, else the one ``load_dir/latest`` names); returns
+        ``(path, client_state)``, or ``(None, None)`` when there is none yet.
+
+        Raises:
+            CheckpointError: it is incomplete, or was saved at another world size, stage,
+                precision or parameter layout (re-sharding is not supported).
+        """
+        del load_module_strict  # always strict: a partial load would not resume exactly
+        return checkpoint.load(
+            self,
+            load_dir,
+            tag,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
+        )
 
     # --- consolidated weights -------------------------------------------------------------
 
