@@ -209,3 +209,34 @@ def test_zero_init_and_gathered_parameters_in_one_process() -> None:
     with deepspeed.zero.GatheredParameters([weight]), torch.no_grad():
         weight.fill_(3.0)
     assert bool((engine.module_state_dict()["0.weight"] == 0.25).all())
+
+
+class _Recorder:
+    """An observer as a script-mode runner installs one: it replaces the script's config."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+        self.steps = 0
+
+    def configure(self, config: Any) -> Any:
+        self.seen.append(config)
+        return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+
+    def on_engine(self, engine: Any) -> None:
+        self.seen.append(engine.zero_optimization_stage())
+
+    def on_optimizer_step(self, engine: Any) -> None:
+        self.steps += 1
+
+
+def test_an_observer_sees_the_scripts_config_and_replaces_it(tmp_path: Path) -> None:
+    from autotune.engine import hooks
+
+    args = _args(tmp_path)
+    with hooks.observing(_Recorder()) as recorder:
+        engine, *_ = deepspeed.initialize(args=args, model=_model())
+        _engine_training(engine, steps=2)
+    assert recorder.seen == [args.deepspeed_config, 2] and recorder.steps == 2
+    with hooks.observing(_Recorder()) as recorder:  # a script with no config of its own
+        deepspeed.initialize(model=_model())
+    assert recorder.seen == [None, 2]
