@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,44 @@ def test_an_observer_sees_the_scripts_config_and_replaces_it(tmp_path: Path) -> 
     with hooks.observing(_Recorder()) as recorder:  # a script with no config of its own
         deepspeed.initialize(model=_model())
     assert recorder.seen == [None, 2]
+
+
+LONE_SCRIPT = """
+import sys, torch
+import autotune
+sys.modules["deepspeed"] = autotune      # what a runner does so `import deepspeed` works
+import deepspeed
+import deepspeed.comm as dist
+from deepspeed import zero
+
+deepspeed.init_distributed()
+deepspeed.init_distributed()             # idempotent
+assert dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) == (0, 1)
+with zero.Init():
+    model = torch.nn.Linear(4, 1)
+config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}}
+engine, *_ = deepspeed.initialize(model=model, config=config)
+for _ in range(2):
+    engine.backward(engine(torch.ones(2, 4)).pow(2).mean())
+    engine.step()
+engine.save_checkpoint(sys.argv[1])
+dist.barrier()
+print("lone ok", engine.global_steps, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_lone_process_with_init_distributed_and_deepspeed_imports(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    done = subprocess.run(
+        [sys.executable, "-c", LONE_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0 and "lone ok 2" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "latest").read_text() == "global_step2"
