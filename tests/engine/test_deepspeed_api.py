@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -282,3 +283,17 @@ def test_a_lone_process_with_init_distributed_and_deepspeed_imports(tmp_path: Pa
     )
     assert done.returncode == 0 and "lone ok 2" in done.stdout, done.stdout + done.stderr
     assert (tmp_path / "latest").read_text() == "global_step2"
+
+
+def test_an_fp16_overflow_is_reported_as_a_skipped_step() -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "fp16": {"enabled": True, "initial_scale_power": 30, "hysteresis": 1},
+    }
+    engine, *_ = deepspeed.initialize(model=_model(), config=config)
+    inputs = torch.full((2, 4), 100.0, dtype=torch.float16)
+    engine.backward(engine(inputs).float().pow(2).mean())
+    engine.step()
+    assert engine.was_step_skipped() and engine.skipped_steps == 1
+    norm = engine.get_global_grad_norm()
+    assert norm is not None and not math.isfinite(norm)
