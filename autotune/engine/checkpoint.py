@@ -6,6 +6,8 @@ the loss scaler and the client state. ``zero_pp_rank_<r>_mp_rank_00_optim_states
 rank ``r``'s optimizer state, its fp32 master copy (bf16/fp16, offload) and, at stage 3, its
 parameter shard; at stage 0 every rank holds the same state, so rank 0 writes it once.
 Together they restore the exact bits a run had, so training continues as if never stopped.
+Loaded at another world size, stage or bucket layout, a checkpoint is re-sharded
+(:mod:`autotune.engine.reshard`).
 
 Crash safety: every file is written to a temporary name, fsynced and renamed; the shard files
 first, then (after a barrier) the model-states file, then ``latest``. All files of one save
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from autotune.engine import reshard
 from autotune.results.files import atomic_write_text, atomic_writer
 
 if TYPE_CHECKING:
@@ -35,8 +38,9 @@ MODEL_STATES = "mp_rank_00_model_states.pt"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded into this engine: missing, incomplete, or saved by
-    a run of another shape (world size, stage, precision, parameter layout)."""
+    """A checkpoint that cannot be loaded into this engine: missing, incomplete, or saved
+    with another precision, optimizer or set of trained parameters. (Another world size,
+    stage or bucket layout is re-sharded: see :mod:`autotune.engine.reshard`.)"""
 
 
 def shard_file(rank: int) -> str:
@@ -101,26 +105,20 @@ def load(
     # Each rank reads its own files; they decide together, so that a rank whose shard is
     # bad never leaves the others waiting in a collective.
     try:
-        state, shard = _read_checked(engine, folder)
+        state, shards, same = _read_checked(engine, folder)
         problem = None
     except CheckpointError as err:
         problem = err
     if engine.comm.any_rank(problem is not None):
         raise problem or CheckpointError(f"{folder}: another rank could not load its shard")
+    optimizer_too = load_optimizer_states and not load_module_only
     with torch.no_grad():
-        _load_module(engine, state["module"])
-        if engine.stage3 is not None:
-            engine.stage3.shard.copy_(shard["param_shard"])
-            engine.stage3.invalidate()
-        if load_optimizer_states and not load_module_only:
-            engine.optimizer.load_state_dict(shard["optimizer"])
-            if engine.master.separate:
-                engine.master.flat.copy_(shard["master"])
-            else:
-                engine.master.reload()
-            engine.loss_scaler.load_state_dict(state["loss_scaler"])
+        if same:
+            _restore_same_shape(engine, state, shards[0], optimizer_too)
         else:
-            engine.master.reload()
+            reshard.restore(engine, state, shards, optimizer_too)
+        if optimizer_too:
+            engine.loss_scaler.load_state_dict(state["loss_scaler"])
     if not load_module_only:
         if load_lr_scheduler_states and engine.lr_scheduler is not None:
             if state["lr_scheduler"] is None:
@@ -143,6 +141,7 @@ def _shape(engine: ZeroEngine) -> dict[str, Any]:
         "world_size": engine.comm.world_size,
         "stage": engine.zero.stage,
         "precision": engine.config.precision,
+        "param_names": reshard.param_names(engine),
         "param_numels": list(layout.param_numels),
         "segments": [(s.first_param, s.end_param) for s in layout.segments],
         "optimizer": type(engine.optimizer).__name__,
@@ -163,6 +162,7 @@ def _shard_state(engine: ZeroEngine) -> dict[str, Any]:
     state: dict[str, Any] = {
         "optimizer": engine.optimizer.state_dict(),
         "pieces": _pieces(engine),
+        "state_index": reshard.state_indices(engine),
     }
     if engine.master.separate:
         state["master"] = engine.master.flat
@@ -189,44 +189,65 @@ def _load_module(engine: ZeroEngine, saved: dict[str, torch.Tensor]) -> None:
         raise CheckpointError(f"the checkpoint's weights do not fit this model: {wrong[:5]}")
 
 
-def _read_checked(engine: ZeroEngine, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _read_checked(
+    engine: ZeroEngine, folder: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+    """The model states, the shard files this rank needs, and whether the checkpoint has
+    this engine's shape (else every saved shard is read, to re-shard)."""
     state = _read(folder / MODEL_STATES, "the model states file")
-    _check_shape(state, engine, folder)
-    rank = engine.comm.rank if engine.zero.stage > 0 else 0
-    shard = _read(folder / shard_file(rank), "this rank's shard file")
-    if shard.get("save_id") != state["save_id"]:
+    _check_compatible(state, engine, folder)
+    saved_stage, saved_world = state["shape"]["stage"], state["shape"]["world_size"]
+    if state["shape"] == _shape(engine):
+        own = _read_shard(folder, engine.comm.rank if saved_stage > 0 else 0, state)
+        if own["pieces"] == _pieces(engine):
+            return state, [own], True
+        # Otherwise the same layout is split into other sub-groups (sub_group_size).
+    ranks = range(saved_world if saved_stage > 0 else 1)
+    return state, [_read_shard(folder, r, state) for r in ranks], False
+
+
+def _read_shard(folder: Path, rank: int, state: dict[str, Any]) -> dict[str, Any]:
+    shard = _read(folder / shard_file(rank), f"the shard file of rank {rank}")
+    if shard["save_id"] != state["save_id"]:
         raise CheckpointError(
             f"{folder}: files of different saves (a save was interrupted while overwriting "
             "this tag); load another tag"
         )
-    if shard.get("pieces") != _pieces(engine):
-        raise CheckpointError(f"{folder}: {_RELAYOUT}")
-    return state, shard
+    return shard
 
 
-def _check_shape(state: dict[str, Any], engine: ZeroEngine, folder: Path) -> None:
+def _check_compatible(state: dict[str, Any], engine: ZeroEngine, folder: Path) -> None:
+    """What no re-sharding can bridge: another model, precision or optimizer."""
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{folder}: not a checkpoint of this engine (format)")
     saved, here = state["shape"], _shape(engine)
-    for key, what in (
-        ("world_size", "world size"),
-        ("stage", "ZeRO stage"),
-        ("precision", "precision"),
-        ("optimizer", "optimizer"),
-    ):
+    for key, what in (("precision", "precision"), ("optimizer", "optimizer")):
         if saved[key] != here[key]:
             raise CheckpointError(
-                f"{folder}: saved at {what} {saved[key]}, this run has {here[key]}; "
-                "re-sharding a checkpoint is not supported, resume with the saved settings"
+                f"{folder}: saved with {what} {saved[key]}, this run has {here[key]}; "
+                "resume with the saved setting"
             )
-    if saved != here:
-        raise CheckpointError(f"{folder}: {_RELAYOUT}")
+    numels = {n: c for n, c in zip(saved["param_names"], saved["param_numels"], strict=True)}
+    if numels != dict(zip(here["param_names"], here["param_numels"], strict=True)):
+        raise CheckpointError(
+            f"{folder}: the checkpoint's trained parameters (names and sizes) differ from "
+            "this model's"
+        )
 
 
-_RELAYOUT = (
-    "the parameters are laid out differently (another model, or reduce_bucket_size, "
-    "sub_group_size or stage3_param_persistence_threshold changed); resume with the saved config"
-)
+def _restore_same_shape(
+    engine: ZeroEngine, state: dict[str, Any], shard: dict[str, Any], optimizer_too: bool
+) -> None:
+    _load_module(engine, state["module"])
+    if engine.stage3 is not None:
+        engine.stage3.shard.copy_(shard["param_shard"])
+        engine.stage3.invalidate()
+    if optimizer_too:
+        engine.optimizer.load_state_dict(shard["optimizer"])
+    if optimizer_too and engine.master.separate:
+        engine.master.flat.copy_(shard["master"])
+    else:
+        engine.master.reload()
 
 
 # --- files and ranks ---------------------------------------------------------------------------

@@ -517,9 +517,11 @@ class ZeroEngine(nn.Module):
         """Restore a checkpoint (``tag``, else the one ``load_dir/latest`` names); returns
         ``(path, client_state)``, or ``(None, None)`` when there is none yet.
 
+        A checkpoint of another world size, stage or bucket layout is re-sharded.
+
         Raises:
-            CheckpointError: it is incomplete, or was saved at another world size, stage,
-                precision or parameter layout (re-sharding is not supported).
+            CheckpointError: it is missing or incomplete, or was saved with another precision,
+                optimizer or set of trained parameters.
         """
         del load_module_strict  # always strict: a partial load would not resume exactly
         return checkpoint.load(

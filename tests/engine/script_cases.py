@@ -34,7 +34,7 @@ def resume_config(stage: int, precision: str) -> dict[str, Any]:
 
 
 def _steps(engine: Any, start: int, stop: int) -> list[float]:
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world, rank = engine.world_size, engine.global_rank
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     losses = []
     for step in range(start, stop):
@@ -68,20 +68,45 @@ def resume_matches(config: dict[str, Any], save_dir: str, split: int, total: int
     return f"{expected[-1]:.6f}"
 
 
+def reshards(save_dir: str, saved_stage: int, precision: str) -> list[float]:
+    """A 2-rank checkpoint loaded at every other stage, and by one rank alone (a world of
+    one with twice the accumulation: the same global batch), continues like the original."""
+    config = resume_config(saved_stage, precision)
+    engine, *_ = initialize(model=make_model(), config=config)
+    _steps(engine, 0, 2)
+    engine.save_checkpoint(save_dir, tag="saved")
+    saved_lr = engine.get_lr()
+    _steps(engine, 2, 4)
+    expected = engine.module_state_dict()
+    alone = [dist.new_group([0]), dist.new_group([1])][dist.get_rank()]
+    errors = []
+    variants: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        (resume_config(stage, precision), {}) for stage in range(4) if stage != saved_stage
+    ]
+    single = resume_config((saved_stage + 1) % 4, precision)
+    single["gradient_accumulation_steps"] = 4
+    variants.append((single, {"process_group": alone}))
+    for variant, extra in variants:
+        other, *_ = initialize(model=make_model(seed=3), config=variant, **extra)
+        other.load_checkpoint(save_dir, tag="saved")
+        assert other.global_steps == 2 and other.get_lr() == saved_lr
+        _steps(other, 2, 4)
+        ours = other.module_state_dict()
+        errors.append(max(float((ours[k] - v).float().abs().max()) for k, v in expected.items()))
+    return errors
+
+
 def refuses_other_shapes(save_dir: str) -> list[str]:
-    """A stage-2 checkpoint of 2 ranks, loaded at another stage, world size or layout."""
+    """Another precision or optimizer, and a torn save, are refused on every rank."""
     config = resume_config(2, "fp32")
     engine, *_ = initialize(model=make_model(), config=config)
     _steps(engine, 0, 1)
     engine.save_checkpoint(save_dir, tag="s2")
     errors = []
-    other_stage = resume_config(1, "fp32")
-    other_layout = resume_config(2, "fp32")
-    other_layout["zero_optimization"]["reduce_bucket_size"] = 10**6
-    groups = [dist.new_group([0]), dist.new_group([1])]
-    alone = {"process_group": groups[dist.get_rank()]}
-    for variant, extra in ((other_stage, {}), (other_layout, {}), (config, alone)):
-        other, *_ = initialize(model=make_model(), config=variant, **extra)
+    other_optimizer = resume_config(2, "fp32")
+    other_optimizer["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
+    for variant in (resume_config(2, "bf16"), other_optimizer):
+        other, *_ = initialize(model=make_model(), config=variant)
         try:
             other.load_checkpoint(save_dir, tag="s2")
             errors.append("loaded")
