@@ -634,6 +634,7 @@ def initialize(
     dist_init_required: bool | None = None,
     collate_fn: Any = None,
     config: ConfigSource | None = None,
+    mesh_param: Any = None,
     config_params: ConfigSource | None = None,
     *,
     process_group: dist.ProcessGroup | None = None,
@@ -660,7 +661,7 @@ def initialize(
             step, as DeepSpeed does.
         distributed_port, dist_init_required: accepted; without a process group one is made
             from torchrun's environment (see :func:`init_distributed` to make it yourself).
-        mpu: model parallelism is not supported; must be None.
+        mpu, mesh_param: model and sequence parallelism are not supported; must be None.
         collate_fn: the loader's collate function.
         config, config_params: a DeepSpeed config (path, dict or
             :class:`~autotune.config.Config`); either one, or ``args.deepspeed_config``.
@@ -684,8 +685,11 @@ def initialize(
     del distributed_port, dist_init_required
     if model is None:
         raise ValueError("initialize() needs a model")
-    if mpu is not None:
-        raise ValueError("initialize(mpu=...): model parallelism is not supported by the engine")
+    if mpu is not None or mesh_param is not None:
+        raise ValueError(
+            "initialize(mpu=..., mesh_param=...): model and sequence parallelism are not "
+            "supported by the engine (data parallelism only)"
+        )
     source = config_source(args, config, config_params)
     observer = hooks.current()
     if observer is not None:  # script mode: the experiment's config replaces the script's
