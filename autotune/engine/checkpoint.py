@@ -48,7 +48,11 @@ def shard_file(rank: int) -> str:
 
 
 def save(
-    engine: ZeroEngine, save_dir: str | Path, tag: str | None, client_state: dict[str, Any]
+    engine: ZeroEngine,
+    save_dir: str | Path,
+    tag: str | None,
+    client_state: dict[str, Any],
+    save_latest: bool = True,
 ) -> Path:
     """Write a checkpoint of ``engine`` (every rank must call this); returns its folder."""
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
@@ -75,7 +79,8 @@ def save(
             "dp_world_size": engine.comm.world_size,
         }
         _write(folder / MODEL_STATES, state)
-        atomic_write_text(Path(save_dir) / LATEST, tag)
+        if save_latest:
+            atomic_write_text(Path(save_dir) / LATEST, tag)
     _barrier(engine)
     return folder
 

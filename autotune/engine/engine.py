@@ -496,13 +496,14 @@ class ZeroEngine(nn.Module):
         exclude_frozen_parameters: bool = False,
     ) -> bool:
         """Save everything needed to resume bit-for-bit under ``save_dir/<tag>`` (default
-        ``global_step<N>``) and point ``save_dir/latest`` at it. Every rank must call this.
+        ``global_step<N>``) and, with ``save_latest``, point ``save_dir/latest`` at it (last,
+        so it only ever names a complete checkpoint). Every rank must call this.
 
-        ``save_latest`` and ``exclude_frozen_parameters`` are accepted for compatibility;
-        ``latest`` is always written (last, so it only ever names a complete checkpoint).
+        ``exclude_frozen_parameters`` is accepted and changes nothing (frozen parameters are
+        kept, so the checkpoint always resumes exactly).
         """
-        del save_latest, exclude_frozen_parameters
-        checkpoint.save(self, save_dir, tag, dict(client_state or {}))
+        del exclude_frozen_parameters
+        checkpoint.save(self, save_dir, tag, dict(client_state or {}), save_latest)
         return True
 
     def load_checkpoint(
@@ -513,6 +514,7 @@ class ZeroEngine(nn.Module):
         load_optimizer_states: bool = True,
         load_lr_scheduler_states: bool = True,
         load_module_only: bool = False,
+        custom_load_fn: Any = None,
     ) -> tuple[str | None, dict[str, Any] | None]:
         """Restore a checkpoint (``tag``, else the one ``load_dir/latest`` names); returns
         ``(path, client_state)``, or ``(None, None)`` when there is none yet.
@@ -524,6 +526,8 @@ class ZeroEngine(nn.Module):
                 optimizer or set of trained parameters.
         """
         del load_module_strict  # always strict: a partial load would not resume exactly
+        if custom_load_fn is not None:
+            raise ValueError("load_checkpoint(custom_load_fn=...) is not supported")
         return checkpoint.load(
             self,
             load_dir,

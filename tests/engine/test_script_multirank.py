@@ -104,7 +104,9 @@ def test_a_save_killed_halfway_leaves_latest_on_the_last_complete_one(
         engine.save_checkpoint(tmp_path, tag="two")
     monkeypatch.undo()
     assert (tmp_path / "latest").read_text() == "one"
-    assert not (tmp_path / "two" / MODEL_STATES).exists()
+    engine.save_checkpoint(tmp_path, tag="aside", save_latest=False)
+    assert (tmp_path / "latest").read_text() == "one"
+    assert not (tmp_path / "two" / MODEL_STATES).exists()  # the save died writing it
     assert not [p for p in tmp_path.rglob("*.tmp")]  # no temporary left behind
     fresh = _engine()
     path, client = fresh.load_checkpoint(tmp_path)
