@@ -65,8 +65,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 DEFAULT_DS_PYTHON = ROOT / ".venv-deepspeed" / "bin" / "python"
-WORLD_SIZE = 2
-MICRO_BATCH = 4
+# Where and how wide it runs. The orchestrator sets these from its flags and hands them to
+# the rank processes it starts through the environment.
+DEVICE = os.environ.get("BENCH_ENGINE_DEVICE", "cpu")  # "cpu" (gloo) or "cuda" (NCCL)
+WORLD_SIZE = int(os.environ.get("BENCH_ENGINE_WORLD_SIZE", "2"))
+MICRO_BATCH = int(os.environ.get("BENCH_ENGINE_MICRO_BATCH", "4"))
 LR = 1e-4
 
 # The two model sizes: the timing model, and the one where memory sharding shows.
@@ -162,6 +165,33 @@ def _build_model(model: str) -> Any:
     return build_gpt(**MODELS[model])
 
 
+def _peak() -> str:
+    """The memory a trial is judged by: peak RSS on CPU, the allocator's peak on CUDA."""
+    return "peak_cuda_bytes" if DEVICE == "cuda" else "peak_rss_bytes"
+
+
+def _peak_label() -> str:
+    return "CUDA allocator peak" if DEVICE == "cuda" else "peak RSS"
+
+
+def _device() -> Any:
+    import torch
+
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if DEVICE == "cuda"
+        else torch.device("cpu")
+    )
+
+
+def _sync() -> None:
+    """Wait for the GPU: a step's time is its kernels', not their launches'."""
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def _wrap(name: str, model: Any, group: Any) -> tuple[Any, Any]:
     """``(step_fn, engine_or_None)``: ``step_fn(inputs)`` runs one training step."""
     import torch
@@ -201,13 +231,16 @@ def _wrap(name: str, model: Any, group: Any) -> tuple[Any, Any]:
 
     from autotune.workloads.gpt import Block
 
+    model.to(_device())
+    # On CUDA, DDP needs the rank's device; on CPU none may be given.
+    device_ids = [_device()] if DEVICE == "cuda" else None
     if name == "ddp":
-        wrapped = DDP(model, process_group=group)
+        wrapped = DDP(model, process_group=group, device_ids=device_ids)
         optimizer = torch.optim.AdamW(wrapped.parameters(), lr=LR)
     elif name == "zero_redundancy":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        wrapped = DDP(model, process_group=group)
+        wrapped = DDP(model, process_group=group, device_ids=device_ids)
         optimizer = ZeroRedundancyOptimizer(
             wrapped.parameters(), optimizer_class=torch.optim.AdamW, lr=LR, process_group=group
         )
@@ -221,14 +254,14 @@ def _wrap(name: str, model: Any, group: Any) -> tuple[Any, Any]:
             process_group=group,
             sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
             auto_wrap_policy=ModuleWrapPolicy({Block}),
-            device_id=torch.device("cpu"),
+            device_id=_device(),
         )
         optimizer = torch.optim.AdamW(wrapped.parameters(), lr=LR)
     elif name in ("fsdp2", "fsdp2_no_reshard"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+        mesh = init_device_mesh(DEVICE, (WORLD_SIZE,))
         reshard = name == "fsdp2"
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
@@ -257,6 +290,9 @@ def run_trial(name: str, model: str, steps: int, warmup: int, profile: str | Non
     from autotune.workloads.gpt import build_gpt
 
     gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     _reset_peak_rss()
     rss_start = _rss_bytes("VmRSS")
     group = dist.group.WORLD
@@ -264,7 +300,7 @@ def run_trial(name: str, model: str, steps: int, warmup: int, profile: str | Non
     workload = _build_model(model)
     step, engine = _wrap(name, workload.model, group)
     del build_gpt
-    generator = torch.Generator().manual_seed(1000 + rank)
+    generator = torch.Generator(device=_device()).manual_seed(1000 + rank)
     batches = [workload.make_batch(MICRO_BATCH, generator) for _ in range(4)]
     times: list[float] = []
     cpu_times: list[float] = []
@@ -272,9 +308,11 @@ def run_trial(name: str, model: str, steps: int, warmup: int, profile: str | Non
         if profile is not None and index == warmup:
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             profiler.__enter__()
+        _sync()
         dist.barrier(group)
         start, cpu_start = time.perf_counter(), time.process_time()
         step(batches[index % len(batches)])
+        _sync()
         if index >= warmup:
             times.append(time.perf_counter() - start)
             cpu_times.append(time.process_time() - cpu_start)
@@ -288,6 +326,7 @@ def run_trial(name: str, model: str, steps: int, warmup: int, profile: str | Non
         "times_s": times,
         "cpu_s": cpu_times,
         "peak_rss_bytes": _rss_bytes("VmHWM"),
+        "peak_cuda_bytes": torch.cuda.max_memory_allocated() if DEVICE == "cuda" else None,
         "start_rss_bytes": rss_start,
         "engine_peak_bytes": engine.peak_memory_bytes() if engine is not None else None,
     }
@@ -305,14 +344,17 @@ def _rank_main(rank: int, init_file: str, pool: str, tasks: Any, results: Any) -
     torch.set_num_threads(1)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(key, None)
+    backend = "nccl" if DEVICE == "cuda" else "gloo"
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)  # before NCCL binds its communicator to a GPU
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE
+        backend, init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE
     )
     if pool == "deepspeed":
         import deepspeed
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend=backend)
     while (task := tasks.get()) is not None:
         try:
             results.put((rank, True, run_trial(**task)))
@@ -328,7 +370,7 @@ def serve(pool: str) -> None:
     # Peers (DeepSpeed above all) print to stdout: keep the real stdout for answers only.
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    if pool == "deepspeed":
+    if pool == "deepspeed" and DEVICE == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533" if pool == "deepspeed" else "29531")
@@ -409,6 +451,7 @@ def _merge(ranks: list[dict]) -> dict:
         # done, which other load on the machine inflates far less than wall time.
         "cpu_s": [statistics.mean(cs) for cs in zip(*(r["cpu_s"] for r in ranks), strict=True)],
         "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
+        "peak_cuda_bytes": [r["peak_cuda_bytes"] for r in ranks],
         "engine_peak_bytes": [r["engine_peak_bytes"] for r in ranks],
     }
 
@@ -416,6 +459,7 @@ def _merge(ranks: list[dict]) -> dict:
 def _summary(trials: list[dict]) -> dict:
     times = [t for trial in trials for t in trial["times_s"]]
     rss = max(b for trial in trials for b in trial["peak_rss_bytes"])
+    cuda = [b for trial in trials for b in trial.get("peak_cuda_bytes", []) if b is not None]
     engine = [b for trial in trials for b in trial["engine_peak_bytes"] if b is not None]
     return {
         "median_step_s": statistics.median(times),
@@ -423,6 +467,7 @@ def _summary(trials: list[dict]) -> dict:
         "median_cpu_s": statistics.median(c for trial in trials for c in trial["cpu_s"]),
         "round_medians_s": [statistics.median(trial["times_s"]) for trial in trials],
         "peak_rss_bytes": rss,
+        "peak_cuda_bytes": max(cuda) if cuda else None,
         "engine_peak_bytes": max(engine) if engine else None,
         "trials": trials,
     }
@@ -469,7 +514,7 @@ def time_section(
                 f"  round {round_ + 1}/{rounds} {name:18s} "
                 f"{statistics.median(trial['times_s']):.3f} s/step "
                 f"(CPU {statistics.median(trial['cpu_s']):.3f} s), "
-                f"peak RSS {max(trial['peak_rss_bytes']) / 2**30:.2f} GiB",
+                f"{_peak_label()} {max(trial[_peak()]) / 2**30:.2f} GiB",
                 flush=True,
             )
     return {n: _summary(t) for n, t in trials.items() if t}
@@ -484,7 +529,7 @@ def memory_section(names: list[str], steps: int, ds_python: Path | None) -> dict
             continue
         out[name] = _summary([trial])
         print(
-            f"  {name:18s} peak RSS {out[name]['peak_rss_bytes'] / 2**30:.2f} GiB/rank, "
+            f"  {name:18s} {_peak_label()} {out[name][_peak()] / 2**30:.2f} GiB/rank, "
             f"{out[name]['median_step_s']:.2f} s/step",
             flush=True,
         )
@@ -538,16 +583,16 @@ def tables(result: dict) -> str:
             )
         lines += [
             "",
-            "### Peak memory per rank at 27M parameters (GiB)",
+            f"### Peak memory per rank at 27M parameters (GiB, {_peak_label()})",
             "",
-            "| stage | engine RSS | engine accounted | torch peer RSS | DeepSpeed RSS |",
+            "| stage | engine | engine's own report | torch peer | DeepSpeed |",
             "|---|---|---|---|---|",
         ]
         for label, ours, peer, ds in PAIRS:
             lines.append(
-                f"| {label} | {_gib(get(ours, 'peak_rss_bytes'))} "
-                f"| {_gib(get(ours, 'engine_peak_bytes'))} | {_gib(get(peer, 'peak_rss_bytes'))} "
-                f"| {_gib(get(ds, 'peak_rss_bytes'))} |"
+                f"| {label} | {_gib(get(ours, _peak()))} "
+                f"| {_gib(get(ours, 'engine_peak_bytes'))} | {_gib(get(peer, _peak()))} "
+                f"| {_gib(get(ds, _peak()))} |"
             )
         lines += ["", "### Targets (medians)", ""]
         for label, ours, peer, ds in PAIRS:
@@ -567,12 +612,12 @@ def tables(result: dict) -> str:
         lines += [
             "### Peak memory per rank at 168M parameters (fresh processes)",
             "",
-            "| strategy | peak RSS GiB | engine accounted GiB | s/step |",
+            f"| strategy | {_peak_label()} GiB | engine's own report GiB | s/step |",
             "|---|---|---|---|",
         ]
         for name, figures in memory.items():
             lines.append(
-                f"| {STRATEGIES[name].label} | {_gib(figures['peak_rss_bytes'])} "
+                f"| {STRATEGIES[name].label} | {_gib(figures.get(_peak()))} "
                 f"| {_gib(figures['engine_peak_bytes'])} | {figures['median_step_s']:.2f} |"
             )
         lines.append("")
@@ -581,6 +626,32 @@ def tables(result: dict) -> str:
 
 def _f(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _configure(device: str, world_size: int, micro_batch: int) -> None:
+    """Set where the benchmark runs, here and (through the environment) in its rank pools."""
+    global DEVICE, WORLD_SIZE, MICRO_BATCH
+    import torch
+
+    if device == "cuda" and torch.cuda.device_count() < world_size:
+        raise SystemExit(
+            f"--world-size {world_size} on CUDA needs {world_size} GPUs; "
+            f"{torch.cuda.device_count()} visible"
+        )
+    DEVICE, WORLD_SIZE, MICRO_BATCH = device, world_size, micro_batch
+    os.environ.update(
+        BENCH_ENGINE_DEVICE=device,
+        BENCH_ENGINE_WORLD_SIZE=str(world_size),
+        BENCH_ENGINE_MICRO_BATCH=str(micro_batch),
+    )
+
+
+def _device_name() -> str:
+    import torch
+
+    if DEVICE == "cuda":
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"{platform.machine()} CPU"
 
 
 def main() -> None:
@@ -595,8 +666,20 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="*", choices=list(STRATEGIES), help="strategies to run (default: all)"
     )
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default=DEVICE, help="cpu: gloo; cuda: NCCL"
+    )
+    parser.add_argument(
+        "--world-size", type=int, help="ranks (default: 2 on CPU, 1 on CUDA: one per GPU)"
+    )
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH)
     parser.add_argument("--deepspeed-python", type=Path, default=DEFAULT_DS_PYTHON)
-    parser.add_argument("--output", type=Path, default=RESULTS / "bench_engine")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="where the .json and .md go (default: results/bench_engine, "
+        "results/gpu/bench_engine_cuda on CUDA)",
+    )
     parser.add_argument(
         "--profile", type=Path, help="write torch.profiler tables and traces of round 1 here"
     )
@@ -606,6 +689,10 @@ def main() -> None:
         return
     if args.quick:
         args.rounds, args.steps, args.warmup, args.memory_steps = 2, 3, 1, 1
+    _configure(args.device, args.world_size or (2 if args.device == "cpu" else 1), args.micro_batch)
+    if args.output is None:
+        cuda = args.device == "cuda"
+        args.output = RESULTS / "gpu" / "bench_engine_cuda" if cuda else RESULTS / "bench_engine"
     names = args.only or list(STRATEGIES)
     ds_python: Path | None = args.deepspeed_python
     notes = []
@@ -627,7 +714,8 @@ def main() -> None:
         },
         "settings": {
             "world_size": WORLD_SIZE,
-            "backend": "gloo",
+            "device": _device_name(),
+            "backend": "nccl" if DEVICE == "cuda" else "gloo",
             "threads_per_rank": 1,
             "micro_batch": MICRO_BATCH,
             "rounds": args.rounds,
@@ -666,9 +754,14 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     timing = result.get("time_settings", result["settings"])
+    where = (
+        f"NCCL, {_device_name()}"
+        if DEVICE == "cuda"
+        else f"gloo, {platform.machine()} CPU ({os.cpu_count()} cores, shared with other jobs)"
+    )
     header = (
-        f"# Engine benchmark\n\nWorld size {WORLD_SIZE}, gloo, {platform.machine()} CPU "
-        f"({os.cpu_count()} cores, shared with other jobs), one torch thread per rank, torch "
+        f"# Engine benchmark\n\nWorld size {WORLD_SIZE}, {where}, micro-batch {MICRO_BATCH}, "
+        f"one torch thread per rank, torch "
         f"{torch.__version__}. Timing: {timing['rounds']} interleaved rounds of "
         f"{timing['steps']} steps after {timing['warmup']} warm-up, each trial in fresh "
         f"processes. `python experiments/bench_engine.py`.\n\n"

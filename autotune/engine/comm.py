@@ -74,6 +74,10 @@ class Communicator:
     def __init__(
         self, group: dist.ProcessGroup | None, tracker: MemoryTracker | None = None
     ) -> None:
+        # A group of one (init_distributed() in a lone process) has nothing to exchange;
+        # without it nothing is sent, as in a process that never made a group.
+        if group is not None and dist.get_world_size(group) == 1:
+            group = None
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world_size = dist.get_world_size(group) if group is not None else 1
@@ -149,7 +153,10 @@ class Communicator:
             # adding a reduce-scatter's result would.
             parts = [rows[r] if r == self.rank else received_rows[r] for r in range(len(rows))]
             target = received_rows[self.rank] if accumulate else output
-            torch.add(parts[0], parts[1], out=target)
+            if len(parts) == 1:  # a group of one rank: its own row is the sum
+                target.copy_(parts[0])
+            else:
+                torch.add(parts[0], parts[1], out=target)
             for part in parts[2:]:
                 target.add_(part)
             if accumulate:
@@ -289,19 +296,31 @@ class Communicator:
 def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     """The group to train over: the caller's, the default one, or one made from torchrun's env.
 
-    Returns ``None`` for a single process (no launcher, or a group of one, e.g. after
-    ``init_distributed()`` alone), which then trains without any collective.
+    Returns ``None`` for a single process with no launcher, which then trains alone without
+    any collective.
     """
-    if process_group is None and dist.is_available() and dist.is_initialized():
-        process_group = dist.group.WORLD
     if process_group is not None:
-        return process_group if dist.get_world_size(process_group) > 1 else None
+        return process_group
+    if dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return None
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        # Before the group exists: NCCL binds its communicator to the current device, and
+        # every rank of a node would otherwise share GPU 0.
+        local_cuda_device()
     # env:// reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them.
     dist.init_process_group(backend, init_method="env://")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.group.WORLD
+
+
+def local_cuda_device() -> torch.device:
+    """This rank's GPU, made the current device: ``LOCAL_RANK``'s where a launcher set it (as
+    DeepSpeed's engine picks it, for scripts that start NCCL themselves and never choose a
+    GPU), else the current one."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None:
+        torch.cuda.set_device(int(local) % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())

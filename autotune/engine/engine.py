@@ -34,7 +34,7 @@ from torch import nn
 
 from autotune.config import Config, ConfigError, load_config
 from autotune.engine import checkpoint, hooks
-from autotune.engine.comm import Communicator, resolve_group
+from autotune.engine.comm import Communicator, local_cuda_device, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.launch import ConfigSource, config_source
 from autotune.engine.loss_scaler import build_loss_scaler
@@ -69,7 +69,7 @@ class ZeroEngine(nn.Module):
         self.comm = Communicator(group)
         backend = dist.get_backend(group) if group is not None else None
         if backend == dist.Backend.NCCL:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.device = local_cuda_device()
         else:
             self.device = next(module.parameters()).device
         self.dtype = _DTYPES[config.precision]

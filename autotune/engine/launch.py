@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import Config, ConfigError
+from autotune.engine.comm import local_cuda_device
 
 ConfigSource = str | Path | dict[str, Any] | Config
 
@@ -104,9 +105,9 @@ def init_distributed(
         kwargs.update(rank=0, world_size=1)
     elif distributed_port is not None:
         os.environ.setdefault("MASTER_PORT", str(distributed_port))
-    dist.init_process_group(backend, init_method=init_method or "env://", **kwargs)
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_cuda_device()  # before the group: NCCL binds to the current device
+    dist.init_process_group(backend, init_method=init_method or "env://", **kwargs)
 
 
 def _free_port() -> int:

@@ -86,6 +86,10 @@ class MemoryTracker:
         self.host: Counter[str] = Counter()
         self.peak_accounted = 0
         self._total = 0
+        # The allocator's peak is per process: without a reset, an engine built in a warm
+        # process (a Ray actor, after an earlier or out-of-memory experiment) would report,
+        # and be judged over budget by, an earlier engine's peak.
+        self.reset_peak()
 
     def add(self, kind: str, nbytes: int) -> None:
         """Account ``nbytes`` more (or fewer, when negative) device bytes of ``kind``."""

@@ -1,4 +1,4 @@
-"""Run one experiment as ``world_size`` fresh local processes (spawn, gloo on CPU).
+"""Run one experiment as ``world_size`` fresh local processes (spawn; gloo on CPU, NCCL on GPUs).
 
 The simplest runner: what tests and a single machine without Ray use. Each experiment pays
 for its processes' start-up; the Ray runner keeps them warm instead.
@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 
+from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.outcome import experiment_verdict
 from autotune.runner.rank import RankOutcome
@@ -42,8 +43,35 @@ class LocalRunner:
     """Runs experiments one at a time on this machine, each in fresh rank processes."""
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
-        """Run ``spec`` and return its result; never raises for a failed experiment."""
+        """Run ``spec`` and return its result; never raises for a failed experiment.
+
+        Raises:
+            ConfigError: this machine has GPUs but fewer than ``spec.world_size``.
+        """
+        check_local_gpus(spec.world_size, _visible_gpus())
         return run_local(spec)
+
+
+def check_local_gpus(world_size: int, num_gpus: int) -> None:
+    """Raise :class:`ConfigError` if ``world_size`` local ranks cannot have a GPU each.
+
+    A rank uses a GPU whenever one is visible, one rank per GPU: two NCCL ranks on one GPU
+    fail every experiment, so this is said once, before any runs. ``num_gpus`` 0 runs the
+    ranks on CPU (gloo), any number of them.
+    """
+    if num_gpus and world_size > num_gpus:
+        raise ConfigError(
+            "world_size",
+            f"{world_size} local ranks need {world_size} GPUs (one each) but this machine "
+            f"has {num_gpus}; use a world size of at most {num_gpus}, or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=) to run the ranks on CPU",
+        )
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run_local(spec: ExperimentSpec) -> ExperimentResult:

@@ -530,6 +530,11 @@ class RayRunner:
             # For modules the actor must import before any experiment arrives (the rank_fn's).
             "PYTHONPATH": os.pathsep.join(_DriverPaths.capture().sys_path),
         }
+        if not shape.gpus_per_rank:
+            # 0 GPUs means CPU ranks: a rank that sees a GPU takes it (NCCL), and ranks
+            # sharing one GPU fail. Hidden here rather than trusting Ray's defaults for
+            # actors that ask for no GPU, which have varied across versions.
+            env_vars["CUDA_VISIBLE_DEVICES"] = ""
         return _Gang(shape, self._rank_fn, self._strategy, env_vars)
 
     def _finish(self, experiment: _Running) -> ExperimentResult:

@@ -120,7 +120,7 @@ def train(
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     for step in range(steps):
         engine.module.use_side = _side_used(step)
-        ids, target = global_batch(step, micro * gas * world)
+        ids, target = (t.to(engine.device) for t in global_batch(step, micro * gas * world))
         for m in range(gas):
             start = (m * world + rank) * micro
             loss = engine(ids[start : start + micro], target[start : start + micro])
@@ -130,25 +130,31 @@ def train(
 
 
 def reference(
-    config: dict[str, Any], steps: int, side: bool = False, groups: bool = False
+    config: dict[str, Any],
+    steps: int,
+    side: bool = False,
+    groups: bool = False,
+    device: torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
     """The same training in one process on the whole global batch, with plain torch (and
-    the engine's Lamb, unsharded, whose formula the unit tests check)."""
+    the engine's Lamb, unsharded, whose formula the unit tests check), on ``device`` (the
+    CPU by default); the weights come back on the CPU."""
     world = dist.get_world_size()
-    model = make_model(side=side)
+    device = device or torch.device("cpu")
+    model = make_model(side=side).to(device)
     opt_cfg = config["optimizer"]
     params = param_groups(model) if groups else model.parameters()
     optimizer = _optimizer_class(opt_cfg["type"])(params, **opt_cfg["params"])
     size = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * world
     for step in range(steps):
         model.use_side = _side_used(step)
-        loss = model(*global_batch(step, size))
+        loss = model(*(t.to(device) for t in global_batch(step, size)))
         loss.backward()
         if config["gradient_clipping"]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config["gradient_clipping"])
         optimizer.step()
         optimizer.zero_grad()
-    return {k: v.detach() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
 def match_reference(
@@ -162,7 +168,7 @@ def match_reference(
 ) -> float:
     engine = train(config, steps, side=side, backend_collectives=backend_collectives, groups=groups)
     ours = engine.module_state_dict()
-    expected = reference(config, steps, side=side, groups=groups)
+    expected = reference(config, steps, side=side, groups=groups, device=engine.device)
     for name, value in expected.items():
         torch.testing.assert_close(ours[name].float(), value, atol=atol, rtol=rtol, msg=name)
     return max(float((ours[k].float() - v).abs().max()) for k, v in expected.items())
@@ -234,7 +240,7 @@ def fp16_overflow() -> dict[str, Any]:
     engine = train(config, steps=1)
     before = {k: v.clone() for k, v in engine.module_state_dict().items()}
     scale_before = engine.loss_scale
-    ids, target = global_batch(0, 2)
+    ids, target = (t.to(engine.device) for t in global_batch(0, 2))
     engine.backward(engine(ids, target))
     engine.step()
     after = engine.module_state_dict()

@@ -1,4 +1,4 @@
-"""A pool of long-lived gloo ranks that run test functions, so tests share one process group.
+"""A pool of long-lived ranks (gloo, or NCCL on GPUs) that run test functions in one group.
 
 Spawning ranks costs seconds (importing torch), so a test module starts the pool once and
 sends it many small functions. A function that raises on some rank fails the test with that
@@ -19,15 +19,19 @@ import torch.multiprocessing as mp
 TIMEOUT_S = 120
 
 
-def _serve(rank: int, world_size: int, init_file: str, tasks: Any, results: Any) -> None:
+def _serve(
+    rank: int, world_size: int, backend: str, init_file: str, tasks: Any, results: Any
+) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         os.environ.pop(key, None)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU per rank, chosen before NCCL binds to one
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+        backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size
     )
     while True:
         task = tasks.get()
@@ -42,9 +46,9 @@ def _serve(rank: int, world_size: int, init_file: str, tasks: Any, results: Any)
 
 
 class RankPool:
-    """``world_size`` processes in one gloo group; ``run(fn)`` calls ``fn`` on each of them."""
+    """``world_size`` processes in one group; ``run(fn)`` calls ``fn`` on each of them."""
 
-    def __init__(self, world_size: int = 2) -> None:
+    def __init__(self, world_size: int = 2, backend: str = "gloo") -> None:
         ctx = mp.get_context("spawn")
         self.world_size = world_size
         self._dir = tempfile.TemporaryDirectory()
@@ -54,7 +58,7 @@ class RankPool:
         self._procs = [
             ctx.Process(
                 target=_serve,
-                args=(r, world_size, init_file, self._tasks[r], self._results),
+                args=(r, world_size, backend, init_file, self._tasks[r], self._results),
                 daemon=True,
             )
             for r in range(world_size)

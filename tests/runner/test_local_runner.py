@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from autotune.config import ConfigError
 from autotune.experiment import ExperimentSpec, Status
-from autotune.runner import run_local
+from autotune.runner import LocalRunner, local, run_local
+from autotune.runner.local import check_local_gpus
 from autotune.workloads import resolve_workload
 from tests.runner.faulty_workloads import TINY_GPT
 
@@ -141,3 +143,14 @@ def test_user_workload_from_a_module_in_a_temporary_directory(
     monkeypatch.syspath_prepend(str(tmp_path))
     result = run_local(spec("user", "my_models:build", {"width": 32}))
     assert result.status is Status.ok, result.error_detail
+
+
+def test_more_local_ranks_than_gpus_is_refused_before_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two NCCL ranks on one GPU fail every experiment: said once, as a config error.
+    monkeypatch.setattr(local, "_visible_gpus", lambda: 1)
+    with pytest.raises(ConfigError, match=r"2 local ranks need 2 GPUs .* this machine has 1"):
+        LocalRunner().run(spec("two_on_one_gpu"))
+    check_local_gpus(2, 0)  # no GPU: CPU ranks, any number
+    check_local_gpus(2, 2)

@@ -114,3 +114,16 @@ def test_gpus_per_rank_0_from_the_cli_lets_any_world_size_through() -> None:
 
     with _make_runner(RunnerKind.ray, None, 0.0) as runner:
         assert runner._gpus_per_rank == 0.0
+
+
+@pytest.mark.parametrize(("gpus_per_rank", "hidden"), [(0.0, True), (1.0, False)])
+def test_ranks_without_gpus_see_none(
+    monkeypatch: pytest.MonkeyPatch, gpus_per_rank: float, hidden: bool
+) -> None:
+    # A rank that sees a GPU takes it for NCCL: CPU ranks on a GPU node must not see one.
+    made: list[dict[str, str]] = []
+    monkeypatch.setattr(ray_runner, "_Gang", lambda shape, fn, strategy, env: made.append(env))
+    runner = object.__new__(RayRunner)
+    runner._rank_fn, runner._strategy = None, "PACK"
+    runner._make_gang(ray_runner.GangShape(2, 1, gpus_per_rank))
+    assert (made[0].get("CUDA_VISIBLE_DEVICES") == "") is hidden
