@@ -13,6 +13,7 @@ is the run after a kill; it compares against the losses the killed run wrote.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -127,6 +128,9 @@ def main() -> None:
     if not args.resume_only:
         assert before + resumed == expected
     print(f"rank {rank} resume ok: {len(resumed)} losses match", flush=True)
+    # Tear down in step: an engine still holding the group (in a reference cycle) would
+    # destroy it at exit, after the peer has gone, and gloo then aborts the process.
+    gc.collect()
     deepspeed.comm.barrier()
     deepspeed.comm.destroy_process_group()
 
