@@ -719,12 +719,9 @@ def initialize(
         observer.on_engine(engine)
     loader = None
     if training_data is not None:
-        sampler: torch.utils.data.Sampler[Any] | None = (
-            torch.utils.data.DistributedSampler(
-                training_data, num_replicas=world_size, rank=engine.comm.rank
-            )
-            if world_size > 1
-            else None
+        # Always a DistributedSampler, as DeepSpeed's loader: scripts call set_epoch on it.
+        sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(
+            training_data, num_replicas=world_size, rank=engine.comm.rank
         )
         loader = torch.utils.data.DataLoader(
             training_data,

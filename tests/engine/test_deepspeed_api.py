@@ -297,3 +297,18 @@ def test_an_fp16_overflow_is_reported_as_a_skipped_step() -> None:
     assert engine.was_step_skipped() and engine.skipped_steps == 1
     norm = engine.get_global_grad_norm()
     assert norm is not None and not math.isfinite(norm)
+
+
+def test_training_data_gives_micro_batches_over_a_distributed_sampler() -> None:
+    inputs = torch.randn(10, 4).half()  # fp16 inputs on CPU collate as they are
+    data = torch.utils.data.TensorDataset(inputs, torch.randn(10, 1))
+    config = {"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": True}}
+    engine, _, loader, _ = deepspeed.initialize(model=_model(), config=config, training_data=data)
+    assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
+    loader.sampler.set_epoch(1)
+    batches = list(loader)
+    assert [len(x) for x, _ in batches] == [4, 4, 2] and batches[0][0].dtype == torch.float16
+    loss = torch.nn.functional.mse_loss(engine(batches[0][0]).float(), batches[0][1])
+    engine.backward(loss)
+    engine.step()
+    assert engine.global_steps == 1
