@@ -23,6 +23,7 @@ import os
 import runpy
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -199,7 +200,13 @@ def run_script(
     observer = ScriptObserver(spec, device, started)
     try:
         with script_environment(spec, rank, init_method, device), hooks.observing(observer):
-            _run(script, script.argv(spec.ds_config))
+            try:
+                _run(script, script.argv(spec.ds_config))
+            except (WindowDone, SystemExit):
+                raise
+            except BaseException:
+                traceback.print_exc()  # into rank<N>.err, as Python prints a script's death
+                raise
     except WindowDone:
         pass
     except SystemExit as exit_:
