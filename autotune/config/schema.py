@@ -591,11 +591,22 @@ class Config(Section):
     _spec: dict[str, Any] = PrivateAttr(default_factory=dict)
     _search_space: dict[str, tuple[Any, ...]] = PrivateAttr(default_factory=dict)
     _world_size: int = PrivateAttr(default=1)
+    _foreign: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def _attach(
-        self, spec: dict[str, Any], search_space: dict[str, tuple[Any, ...]], world_size: int
+        self,
+        spec: dict[str, Any],
+        search_space: dict[str, tuple[Any, ...]],
+        world_size: int,
+        foreign: dict[str, Any] | None = None,
     ) -> None:
         self._spec, self._search_space, self._world_size = spec, search_space, world_size
+        self._foreign = dict(foreign or {})
+
+    @property
+    def foreign_keys(self) -> dict[str, Any]:
+        """Unknown top-level keys, kept as written (DeepSpeed ignores them, so does the engine)."""
+        return copy.deepcopy(self._foreign)
 
     @property
     def world_size(self) -> int:
@@ -630,6 +641,7 @@ class Config(Section):
         from autotune.config.loader import set_key
 
         data = self.model_dump(mode="json", exclude_unset=not full, exclude_none=full)
+        data.update(copy.deepcopy(self._foreign))
         for key, values in self._search_space.items():
             set_key(data, key, list(values))
         return data
