@@ -81,6 +81,14 @@ class ExperimentSpec:
         data["workload_args"] = dict(self.workload_args)
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentSpec:
+        """The spec :meth:`to_dict` wrote (e.g. a results directory's ``spec.json``)."""
+        values = dict(data)
+        if values.get("script") is not None:
+            values["script"] = ScriptTarget.from_dict(values["script"])
+        return cls(**values)
+
 
 @dataclass(frozen=True)
 class Metrics:

@@ -65,6 +65,16 @@ class ScriptTarget:
             raise ScriptError(f"script {command[0]!r} does not exist")
         return cls(path, None, tuple(command[1:]), mappings)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScriptTarget:
+        """The target as ``dataclasses.asdict`` wrote it (lists for tuples)."""
+        return cls(
+            path=data["path"],
+            module=data.get("module"),
+            args=tuple(data.get("args", ())),
+            arg_mappings=tuple((key, flag) for key, flag in data.get("arg_mappings", ())),
+        )
+
     @property
     def label(self) -> str:
         """How summaries name it: ``train.py`` or ``-m pkg.train``."""
