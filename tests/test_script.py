@@ -3,12 +3,15 @@ path, the fingerprint."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autotune.config import load_config
+from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.script import ScriptError, ScriptTarget
+from autotune.tuning import TuningJob, tune
 
 MAPPINGS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"}
 
@@ -71,3 +74,46 @@ def test_cli_refuses_a_script_without_a_config_or_file(tmp_path: Path) -> None:
     assert no_config.exit_code == 2 and "script mode needs a config" in no_config.output
     missing = runner.invoke(app, ["run", "--", str(tmp_path / "nope.py"), "--deepspeed", "x"])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+class MeasuringRunner:
+    """Stands in for a runner of a script: every experiment is ok and measures a model of
+    10M parameters holding 20 MB of activations per sample."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        self.names.append(spec.name)
+        micro = int(spec.ds_config["train_micro_batch_size_per_gpu"])
+        metrics = Metrics.from_window([0.1], 2 * micro, 1e9, peak_memory_bytes=1)
+        measured = replace(
+            metrics,
+            num_params=10_000_000,
+            param_bytes=40_000_000,
+            activation_bytes_per_sample=20_000_000,
+        )
+        return ExperimentResult(spec.name, Status.ok, measured)
+
+
+def test_the_first_measured_experiment_gives_the_tuner_the_model_size(tmp_path: Path) -> None:
+    config = load_config(
+        {
+            "zero_optimization": {"stage": [1, 2]},
+            "autotuning": {"tuner_type": "gridsearch", "num_remeasure": 0},
+        },
+        world_size=2,
+    )
+    job = TuningJob(
+        config=config,
+        results_dir=tmp_path / "results",
+        device_memory_bytes=1 << 30,
+        script=target(tmp_path, "--deepspeed", "ds.json"),
+    )
+    runner = MeasuringRunner()
+    tune(job, runner)
+    # Nothing is known before the first experiment: it starts at the largest micro-batch.
+    # Then the estimate (model states + 20 MB a sample in 1 GiB) starts stage 2 far lower.
+    assert runner.names[0] == "z1_mbs1024"
+    second_stage = [name for name in runner.names if name.startswith("z2_")]
+    assert second_stage and int(second_stage[0].removeprefix("z2_mbs")) < 64, runner.names

@@ -81,6 +81,11 @@ def test_ray_tunes_the_script_and_records_its_failures(ray_cluster: str, tmp_pat
     assert json.loads(first_ok.read_text())["metrics"]["num_params"] == 16 * 64 + 64 + 64 + 1
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert optimal["train_micro_batch_size_per_gpu"] in set(ok["micro_batch_size"])
+    assert (results / "summary.txt").read_text().startswith("autotune: ds_script.py at")
+    report = cli.invoke(app, ["report", str(results)])
+    assert report.exit_code == 0 and all(str(name) in report.stdout for name in frame.index)
+    best = cli.invoke(app, ["best", str(results)])
+    assert best.exit_code == 0 and best.stdout.strip().endswith("ds_config_optimal.json")
 
 
 def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path) -> None:
