@@ -289,13 +289,13 @@ class Communicator:
 def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     """The group to train over: the caller's, the default one, or one made from torchrun's env.
 
-    Returns ``None`` for a single process with no launcher, which then trains alone without
-    any collective.
+    Returns ``None`` for a single process (no launcher, or a group of one, e.g. after
+    ``init_distributed()`` alone), which then trains without any collective.
     """
+    if process_group is None and dist.is_available() and dist.is_initialized():
+        process_group = dist.group.WORLD
     if process_group is not None:
-        return process_group
-    if dist.is_available() and dist.is_initialized():
-        return dist.group.WORLD
+        return process_group if dist.get_world_size(process_group) > 1 else None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +211,89 @@ def test_zero_init_and_gathered_parameters_in_one_process() -> None:
     with deepspeed.zero.GatheredParameters([weight]), torch.no_grad():
         weight.fill_(3.0)
     assert bool((engine.module_state_dict()["0.weight"] == 0.25).all())
+
+
+class _Recorder:
+    """An observer as a script-mode runner installs one: it replaces the script's config."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+        self.steps = 0
+
+    def configure(self, config: Any) -> Any:
+        self.seen.append(config)
+        return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+
+    def on_engine(self, engine: Any) -> None:
+        self.seen.append(engine.zero_optimization_stage())
+
+    def on_optimizer_step(self, engine: Any) -> None:
+        self.steps += 1
+
+
+def test_an_observer_sees_the_scripts_config_and_replaces_it(tmp_path: Path) -> None:
+    from autotune.engine import hooks
+
+    args = _args(tmp_path)
+    with hooks.observing(_Recorder()) as recorder:
+        engine, *_ = deepspeed.initialize(args=args, model=_model())
+        _engine_training(engine, steps=2)
+    assert recorder.seen == [args.deepspeed_config, 2] and recorder.steps == 2
+    with hooks.observing(_Recorder()) as recorder:  # a script with no config of its own
+        deepspeed.initialize(model=_model())
+    assert recorder.seen == [None, 2]
+
+
+LONE_SCRIPT = """
+import sys, torch
+import autotune
+sys.modules["deepspeed"] = autotune      # what a runner does so `import deepspeed` works
+import deepspeed
+import deepspeed.comm as dist
+from deepspeed import zero
+
+deepspeed.init_distributed()
+deepspeed.init_distributed()             # idempotent
+assert dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) == (0, 1)
+with zero.Init():
+    model = torch.nn.Linear(4, 1)
+config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}}
+engine, *_ = deepspeed.initialize(model=model, config=config)
+for _ in range(2):
+    engine.backward(engine(torch.ones(2, 4)).pow(2).mean())
+    engine.step()
+engine.save_checkpoint(sys.argv[1])
+dist.barrier()
+print("lone ok", engine.global_steps, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_lone_process_with_init_distributed_and_deepspeed_imports(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    done = subprocess.run(
+        [sys.executable, "-c", LONE_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0 and "lone ok 2" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "latest").read_text() == "global_step2"
+
+
+def test_an_fp16_overflow_is_reported_as_a_skipped_step() -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "fp16": {"enabled": True, "initial_scale_power": 30, "hysteresis": 1},
+    }
+    engine, *_ = deepspeed.initialize(model=_model(), config=config)
+    inputs = torch.full((2, 4), 100.0, dtype=torch.float16)
+    engine.backward(engine(inputs).float().pow(2).mean())
+    engine.step()
+    assert engine.was_step_skipped() and engine.skipped_steps == 1
+    norm = engine.get_global_grad_norm()
+    assert norm is not None and not math.isfinite(norm)

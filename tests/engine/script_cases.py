@@ -1,4 +1,5 @@
-"""Functions the 2-rank pool runs for checkpoints: resume equals an uninterrupted run."""
+"""Functions the 2-rank pool runs for the script-facing API: checkpoints resume exactly,
+GatheredParameters keeps an edit, a client optimizer trains like the config's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.distributed as dist
 
 from autotune.engine import initialize
 from autotune.engine.checkpoint import CheckpointError, shard_file
-from tests.engine.engine_cases import global_batch, make_model
+from tests.engine.engine_cases import base_config, global_batch, make_model, param_groups, reference
 
 
 def resume_config(stage: int, precision: str) -> dict[str, Any]:
@@ -117,3 +118,19 @@ def gathered_parameters_modify(stage: int) -> list[float]:
     master = engine.master.flat if engine.master.separate else None
     assert master is not None
     return [float(full.mean()), float((full - 0.5).abs().max())]
+
+
+def client_optimizer_matches(stage: int) -> float:
+    """A client AdamW instance with param groups, rebuilt over the shards, trains like torch."""
+    config = base_config({"stage": stage, "reduce_bucket_size": 600}, optimizer="AdamW")
+    model = make_model()
+    client = torch.optim.AdamW(param_groups(model), lr=1e-2)
+    del config["optimizer"]
+    engine, optimizer, *_ = initialize(model=model, optimizer=client, config=config)
+    assert isinstance(optimizer, torch.optim.AdamW) and len(optimizer.param_groups) == 3
+    _steps(engine, 0, 3)
+    expected = reference(base_config({"stage": 0}), 3, groups=True)
+    ours = engine.module_state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(ours[name], value, atol=1e-5, rtol=1.3e-6, msg=name)
+    return max(float((ours[k] - v).abs().max()) for k, v in expected.items())

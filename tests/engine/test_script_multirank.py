@@ -1,5 +1,6 @@
-"""Checkpoints: resume is bit-for-bit at every stage and precision, other shapes are refused,
-and a save that dies halfway never becomes what ``latest`` names."""
+"""The script-facing API on two ranks: checkpoints resume bit-for-bit at every stage and
+precision, other shapes are refused, a save that dies halfway never becomes what ``latest``
+names; GatheredParameters keeps a modifier's edit; a client optimizer is sharded correctly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from autotune.engine import initialize
 from autotune.engine.checkpoint import MODEL_STATES, CheckpointError
-from tests.engine import checkpoint_cases as cases
+from tests.engine import script_cases as cases
 from tests.engine.rank_pool import RankPool
 
 
@@ -99,3 +100,9 @@ def test_a_save_killed_halfway_leaves_latest_on_the_last_complete_one(
     assert client == {"n": 1} and fresh.global_steps == 1 and path == str(tmp_path / "one")
     with pytest.raises(CheckpointError, match="missing"):
         fresh.load_checkpoint(tmp_path, tag="two")
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("stage", [1, 3])
+def test_client_optimizer_instance_is_sharded_correctly(pool: RankPool, stage: int) -> None:
+    pool.run(cases.client_optimizer_matches, stage)
