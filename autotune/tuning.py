@@ -11,13 +11,17 @@ import platform
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.config import Config, parse_size
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
+from autotune.script import ScriptTarget
 from autotune.tuner import Candidate, Tuner, TuningSummary
+
+if TYPE_CHECKING:
+    from autotune.profiling.model_info import ModelInfo
 
 
 class Runner(Protocol):
@@ -38,6 +42,7 @@ class TuningJob:
         device_memory_bytes: per-rank memory budget (None: the config's, else the device's).
         overwrite: discard a previous run's results in ``results_dir``.
         cpus_per_rank: cores (torch threads) each rank gets.
+        script: script mode: the user's training script, run instead of ``workload``.
     """
 
     config: Config
@@ -47,6 +52,12 @@ class TuningJob:
     device_memory_bytes: int | None = None
     overwrite: bool = False
     cpus_per_rank: int = 1
+    script: ScriptTarget | None = None
+
+    @property
+    def label(self) -> str:
+        """What is tuned, for summaries: the workload, or the script."""
+        return self.script.label if self.script is not None else self.workload
 
     @property
     def world_size(self) -> int:
@@ -76,10 +87,15 @@ class TuningJob:
         base = self.config.to_dict()
         tuning = base.pop("autotuning", {})
         window = {k: tuning[k] for k in ("start_profile_step", "end_profile_step") if k in tuning}
+        # A script is the same job while its file, arguments and arg mappings are the same.
+        target: dict[str, Any] = (
+            {"script": self.script.fingerprint()}
+            if self.script is not None
+            else {"workload": self.workload, "workload_args": dict(self.workload_args)}
+        )
         return {
             "tuned": {
-                "workload": self.workload,
-                "workload_args": dict(self.workload_args),
+                **target,
                 "world_size": self.world_size,
                 "device_memory_bytes": self.memory_budget,
                 "base_config": base,
@@ -124,36 +140,24 @@ def tune(
         ResultsDirError / ResultsLockedError: the results directory cannot be used.
         ConfigError: the config leaves nothing to search.
     """
-    from autotune.profiling.model_info import model_info
-    from autotune.workloads import WorkloadError, check_workload, resolve_workload
-
-    seed = job.config.autotuning.seed
-    check_workload(job.workload, job.workload_args, seed=seed)
-    try:
-        info = model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
-    except WorkloadError:
-        raise
-    except Exception as err:  # the user's model failed a real forward/backward on CPU
-        raise WorkloadError(
-            f"workload {job.workload!r}: profiling one micro-batch failed: "
-            f"{type(err).__name__}: {err}"
-        ) from None
+    # A workload's model is profiled up front; a script's is measured by its first experiment.
+    info = workload_model_info(job) if job.script is None else None
     notify = on_event or (lambda event: None)
     with ResultsDir.open(job.results_dir, job.fingerprint(), overwrite=job.overwrite) as results:
-        tuner = Tuner(
-            job.config,
-            info,
-            device_memory_bytes=job.memory_budget,
-            storage=results.study_url,
-        )
         history = results.results()
-        for past in history:
-            tuner.tell(past)
+        if info is None:
+            info = measured_model_info(history, job.world_size)
+        tuner = make_tuner(job, info, results, history)
         if history:
             notify(TuningEvent("resumed", None, None, tuner.summary()))
         run_now = 0
         while (candidate := tuner.ask()) is not None:
-            spec = experiment_spec(job, candidate, info.flops_per_sample)
+            spec = experiment_spec(
+                job,
+                candidate,
+                info.flops_per_sample if info is not None else None,
+                output_dir=str(results.experiment_dir(candidate.name).resolve()),
+            )
             results.start(spec)
             notify(TuningEvent("started", candidate, None, tuner.summary()))
             result = runner.run(spec)
@@ -163,6 +167,10 @@ def tune(
             tuner.tell(result)
             run_now += 1
             notify(TuningEvent("finished", candidate, result, tuner.summary()))
+            if info is None and (info := measured_model_info([result], job.world_size)):
+                # Memory pruning needs the model's size: a tuner that knows it takes over,
+                # told everything so far, as a resumed run would be.
+                tuner = make_tuner(job, info, results, results.results())
         summary = tuner.summary()
         optimal = tuner.optimal_config()
         optimal_path = results.write_optimal(optimal) if optimal is not None else None
@@ -173,6 +181,51 @@ def tune(
     return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
 
 
+def workload_model_info(job: TuningJob) -> ModelInfo:
+    """Profile the job's workload (sizes, activations, FLOPs) before any experiment.
+
+    Raises:
+        WorkloadError: the workload spec is unusable, or its model fails a real step.
+    """
+    from autotune.profiling.model_info import model_info
+    from autotune.workloads import WorkloadError, check_workload, resolve_workload
+
+    seed = job.config.autotuning.seed
+    check_workload(job.workload, job.workload_args, seed=seed)
+    try:
+        return model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
+    except WorkloadError:
+        raise
+    except Exception as err:  # the user's model failed a real forward/backward on CPU
+        raise WorkloadError(
+            f"workload {job.workload!r}: profiling one micro-batch failed: "
+            f"{type(err).__name__}: {err}"
+        ) from None
+
+
+def measured_model_info(history: list[ExperimentResult], world_size: int) -> ModelInfo | None:
+    """The model's info from the first of ``history`` that measured it (script mode)."""
+    from autotune.profiling.model_info import ModelInfo
+
+    for result in history:
+        info = ModelInfo.from_metrics(result.metrics, world_size)
+        if info is not None:
+            return info
+    return None
+
+
+def make_tuner(
+    job: TuningJob, info: ModelInfo | None, results: ResultsDir, history: list[ExperimentResult]
+) -> Tuner:
+    """A tuner for ``job`` that has been told ``history``."""
+    tuner = Tuner(
+        job.config, info, device_memory_bytes=job.memory_budget, storage=results.study_url
+    )
+    for past in history:
+        tuner.tell(past)
+    return tuner
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -180,7 +233,10 @@ def _has_cuda() -> bool:
 
 
 def experiment_spec(
-    job: TuningJob, candidate: Candidate, flops_per_sample: float | None
+    job: TuningJob,
+    candidate: Candidate,
+    flops_per_sample: float | None,
+    output_dir: str | None = None,
 ) -> ExperimentSpec:
     tuning = job.config.autotuning
     return ExperimentSpec(
@@ -196,6 +252,8 @@ def experiment_spec(
         seed=tuning.seed,
         flops_per_sample=flops_per_sample,
         cpus_per_rank=job.cpus_per_rank,
+        script=job.script,
+        output_dir=output_dir,
     )
 
 
@@ -203,7 +261,7 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
     """The human-readable summary written next to ``summary.json``."""
     metric = summary.metric.value
     lines = [
-        f"autotune: {job.workload} at world size {job.world_size}, metric {metric}",
+        f"autotune: {job.label} at world size {job.world_size}, metric {metric}",
         f"experiments run: {summary.num_run} (failed {summary.num_failed}), "
         f"pruned: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
         f"stopped: {summary.stop_reason or 'search complete'}",
