@@ -15,13 +15,17 @@ import platform
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune.config import Config, parse_size
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
+from autotune.script import ScriptTarget
 from autotune.tuner import Candidate, Tuner, TuningSummary
+
+if TYPE_CHECKING:
+    from autotune.profiling.model_info import ModelInfo
 
 
 class Runner(Protocol):
@@ -68,6 +72,7 @@ class TuningJob:
         device_memory_bytes: per-rank memory budget (None: the config's, else the device's).
         overwrite: discard a previous run's results in ``results_dir``.
         cpus_per_rank: cores (torch threads) each rank gets.
+        script: script mode: the user's training script, run instead of ``workload``.
     """
 
     config: Config
@@ -77,6 +82,12 @@ class TuningJob:
     device_memory_bytes: int | None = None
     overwrite: bool = False
     cpus_per_rank: int = 1
+    script: ScriptTarget | None = None
+
+    @property
+    def label(self) -> str:
+        """What is tuned, for summaries: the workload, or the script."""
+        return self.script.label if self.script is not None else self.workload
 
     @property
     def world_size(self) -> int:
@@ -106,10 +117,15 @@ class TuningJob:
         base = self.config.to_dict()
         tuning = base.pop("autotuning", {})
         window = {k: tuning[k] for k in ("start_profile_step", "end_profile_step") if k in tuning}
+        # A script is the same job while its file, arguments and arg mappings are the same.
+        target: dict[str, Any] = (
+            {"script": self.script.fingerprint()}
+            if self.script is not None
+            else {"workload": self.workload, "workload_args": dict(self.workload_args)}
+        )
         return {
             "tuned": {
-                "workload": self.workload,
-                "workload_args": dict(self.workload_args),
+                **target,
                 "world_size": self.world_size,
                 "device_memory_bytes": self.memory_budget,
                 "base_config": base,
@@ -170,39 +186,41 @@ def tune(
         ResultsDirError / ResultsLockedError: the results directory cannot be used.
         ConfigError: the config leaves nothing to search.
     """
-    from autotune.profiling.model_info import model_info
-    from autotune.workloads import WorkloadError, check_workload, resolve_workload
-
-    seed = job.config.autotuning.seed
-    check_workload(job.workload, job.workload_args, seed=seed)
-    try:
-        info = model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
-    except WorkloadError:
-        raise
-    except Exception as err:  # the user's model failed a real forward/backward on CPU
-        raise WorkloadError(
-            f"workload {job.workload!r}: profiling one micro-batch failed: "
-            f"{type(err).__name__}: {err}"
-        ) from None
+    # A workload's model is profiled up front; a script's is measured by its first experiment.
+    info = workload_model_info(job) if job.script is None else None
     notify = on_event or (lambda event: None)
     with ResultsDir.open(job.results_dir, job.fingerprint(), overwrite=job.overwrite) as results:
-        tuner = Tuner(
-            job.config,
-            info,
-            device_memory_bytes=job.memory_budget,
-            storage=results.study_url,
-        )
-        history, owed, next_proposal = _replay(tuner, results)
-        if history:
-            notify(TuningEvent("resumed", None, None, tuner.summary()))
-        run_now = _run_to_the_end(
-            tuner,
+        if info is None:
+            info = measured_model_info(results.results(), job.world_size)
+        replayed = make_tuner(job, info, results)
+        if replayed.history:
+            notify(TuningEvent("resumed", None, None, replayed.tuner.summary()))
+
+        def make_spec(candidate: Candidate) -> ExperimentSpec:
+            return experiment_spec(
+                job,
+                candidate,
+                info.flops_per_sample if info is not None else None,
+                output_dir=str(results.experiment_dir(candidate.name).resolve()),
+            )
+
+        def remake(result: ExperimentResult) -> _Replayed | None:
+            nonlocal info
+            if info is None and (info := measured_model_info([result], job.world_size)):
+                # Memory pruning needs the model's size: a tuner that knows it takes over,
+                # told everything so far, as a resumed run would be.
+                return make_tuner(job, info, results)
+            return None
+
+        tuner, run_now = _run_to_the_end(
+            replayed,
             results,
-            _Slots(runner, job, max_concurrent),
-            lambda candidate: experiment_spec(job, candidate, info.flops_per_sample),
+            # Until a script's first experiment has measured the model, one at a time: the
+            # tuner that takes over then must not find experiments of its predecessor running.
+            _Slots(runner, job, max_concurrent, one_at_a_time=lambda: info is None),
+            make_spec,
+            remake,
             notify,
-            owed,
-            next_proposal,
         )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
@@ -211,24 +229,25 @@ def tune(
             {**summary.to_dict(), "optimal_config": str(optimal_path) if optimal_path else None},
             format_summary(summary, optimal_path, job),
         )
-    return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+    return TuningReport(summary, job.results_dir, optimal_path, len(replayed.history), run_now)
 
 
 def _run_to_the_end(
-    tuner: Tuner,
+    replayed: _Replayed,
     results: ResultsDir,
     slots: _Slots,
     make_spec: Callable[[Candidate], ExperimentSpec],
+    remake: Callable[[ExperimentResult], _Replayed | None],
     notify: Callable[[TuningEvent], None],
-    owed: dict[str, int],
-    next_proposal: int,
-) -> int:
-    """Keep every free slot busy until the tuner is done; the number of experiments run.
+) -> tuple[Tuner, int]:
+    """Keep every free slot busy until the tuner is done; the tuner that finished (``remake``
+    may hand over to a new one after a result) and the number of experiments run.
 
     A slot is filled the moment it frees; each result is recorded as soon as it arrives (the
     log line is the commit point). ``ask`` returning None with experiments in flight means
     "wait for a result", so the loop waits for one and asks again.
     """
+    tuner, owed, next_proposal = replayed.tuner, replayed.owed, replayed.next_proposal
     run_now = 0
     in_flight: dict[str, tuple[ExperimentSpec, Candidate, int]] = {}
 
@@ -247,7 +266,7 @@ def _run_to_the_end(
                 in_flight[spec.name] = (spec, candidate, proposed)
                 notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
             if not in_flight:  # the tuner asks for nothing and waits for nothing: done
-                return run_now
+                return tuner, run_now
             for result in slots.runner.wait():
                 spec, candidate, proposed = in_flight.pop(result.name)
                 extra = {
@@ -259,6 +278,9 @@ def _run_to_the_end(
                 tuner.tell(result)
                 run_now += 1
                 notify(TuningEvent("finished", candidate, result, tuner.summary(), running()))
+                if (successor := remake(result)) is not None:
+                    tuner, owed = successor.tuner, successor.owed
+                    next_proposal = successor.next_proposal
     except BaseException:
         slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
         raise
@@ -327,7 +349,11 @@ class _Slots:
     that leaves the cluster (or joins it) changes how many run."""
 
     def __init__(
-        self, runner: Runner | ConcurrentRunner, job: TuningJob, max_concurrent: int | None
+        self,
+        runner: Runner | ConcurrentRunner,
+        job: TuningJob,
+        max_concurrent: int | None,
+        one_at_a_time: Callable[[], bool] = lambda: False,
     ) -> None:
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
@@ -336,13 +362,68 @@ class _Slots:
         )
         self._job = job
         self._max_concurrent = max_concurrent
+        self._one_at_a_time = one_at_a_time
 
     def count(self) -> int:
+        if self._one_at_a_time():
+            return 1
         if self._max_concurrent is None and not self.runner.uses_gpus:
             return 1  # experiments sharing cores would measure each other
         fits = self.runner.capacity(self._job.world_size, self._job.cpus_per_rank)
         # At least one: a gang that does not fit yet waits for room (or fails placement).
         return max(1, min(fits, self._max_concurrent or fits))
+
+
+def workload_model_info(job: TuningJob) -> ModelInfo:
+    """Profile the job's workload (sizes, activations, FLOPs) before any experiment.
+
+    Raises:
+        WorkloadError: the workload spec is unusable, or its model fails a real step.
+    """
+    from autotune.profiling.model_info import model_info
+    from autotune.workloads import WorkloadError, check_workload, resolve_workload
+
+    seed = job.config.autotuning.seed
+    check_workload(job.workload, job.workload_args, seed=seed)
+    try:
+        return model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
+    except WorkloadError:
+        raise
+    except Exception as err:  # the user's model failed a real forward/backward on CPU
+        raise WorkloadError(
+            f"workload {job.workload!r}: profiling one micro-batch failed: "
+            f"{type(err).__name__}: {err}"
+        ) from None
+
+
+def measured_model_info(history: list[ExperimentResult], world_size: int) -> ModelInfo | None:
+    """The model's info from the first of ``history`` that measured it (script mode)."""
+    from autotune.profiling.model_info import ModelInfo
+
+    for result in history:
+        info = ModelInfo.from_metrics(result.metrics, world_size)
+        if info is not None:
+            return info
+    return None
+
+
+def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> _Replayed:
+    """A tuner for ``job`` that has been told what ``results`` holds (see :func:`_replay`)."""
+    tuner = Tuner(
+        job.config, info, device_memory_bytes=job.memory_budget, storage=results.study_url
+    )
+    history, owed, next_proposal = _replay(tuner, results)
+    return _Replayed(tuner, history, owed, next_proposal)
+
+
+@dataclass
+class _Replayed:
+    """A tuner told an earlier run's experiments, and what the loop needs to go on."""
+
+    tuner: Tuner
+    history: list[ExperimentResult]  # finished experiments, in the order they were proposed
+    owed: dict[str, int]  # unfinished ones: their proposal numbers
+    next_proposal: int
 
 
 def _has_cuda() -> bool:
@@ -352,7 +433,10 @@ def _has_cuda() -> bool:
 
 
 def experiment_spec(
-    job: TuningJob, candidate: Candidate, flops_per_sample: float | None
+    job: TuningJob,
+    candidate: Candidate,
+    flops_per_sample: float | None,
+    output_dir: str | None = None,
 ) -> ExperimentSpec:
     tuning = job.config.autotuning
     return ExperimentSpec(
@@ -368,6 +452,8 @@ def experiment_spec(
         seed=tuning.seed,
         flops_per_sample=flops_per_sample,
         cpus_per_rank=job.cpus_per_rank,
+        script=job.script,
+        output_dir=output_dir,
     )
 
 
@@ -375,7 +461,7 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
     """The human-readable summary written next to ``summary.json``."""
     metric = summary.metric.value
     lines = [
-        f"autotune: {job.workload} at world size {job.world_size}, metric {metric}",
+        f"autotune: {job.label} at world size {job.world_size}, metric {metric}",
         f"experiments run: {summary.num_run} (failed {summary.num_failed}), "
         f"pruned: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
         f"stopped: {summary.stop_reason or 'search complete'}",
