@@ -126,6 +126,17 @@ class SimulatedCluster:
     env: dict[str, str]
     _server: subprocess.Popen[str]
 
+    def driver(self, command: list[str]) -> subprocess.Popen[str]:
+        """``command`` started as a driver of this cluster, its output captured."""
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     def remove_worker_node(self) -> str:
         """Kill every process of one non-head node, as if its machine went away; its id."""
         assert self._server.stdin is not None and self._server.stdout is not None

@@ -28,7 +28,6 @@ from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.results import load_results
 from autotune.tuning import tune
 from tests.runner.sim_cluster import (
-    ROOT,
     SimulatedCluster,
     config_metrics,
     simulated_cluster,
@@ -84,22 +83,12 @@ def killed_and_resumed(
         cluster.address, results, max_concurrent=None, seconds=1.0, log_dir=log_dir
     )
 
-    def start() -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=cluster.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    killed = start()
+    killed = cluster.driver(command)
     cut_off = _wait_for_several_in_flight(results, killed)
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=30)
     finished_at_kill = _names(results / "experiments.jsonl")
-    resumed = start()
+    resumed = cluster.driver(command)
     out, err = resumed.communicate(timeout=150)
     assert resumed.returncode == 0, err[-3000:]
     return KilledAndResumed(
@@ -186,14 +175,7 @@ def test_a_node_that_leaves_fails_only_the_experiments_on_it(
     """Runs last: it takes a node away from the module's cluster."""
     command = [sys.executable, "-m", "tests.runner.sim_cluster", "side-by-side"]
     command += [cluster.address, "--count", "4", "--seconds", "8", "--log-dir", str(tmp_path)]
-    driver = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=cluster.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = cluster.driver(command)
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("*.started"))) < 8:  # every rank of the four is sleeping
         assert driver.poll() is None and time.monotonic() < deadline
