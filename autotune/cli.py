@@ -122,6 +122,14 @@ def run(
         float | None,
         typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
     ] = None,
+    max_concurrent: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Ray: experiments at once (default: as many as fit on the cluster's GPUs; "
+            "1 without GPUs).",
+        ),
+    ] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Log lines, no live display.")
@@ -200,7 +208,7 @@ def run(
             _make_runner(runner, ray_address, gpus_per_rank) as experiment_runner,
             Progress(console, quiet, cfg.autotuning.tuner_num_trials) as progress,
         ):
-            report = tune(job, experiment_runner, on_event=progress)
+            report = tune(job, experiment_runner, on_event=progress, max_concurrent=max_concurrent)
     except (WorkloadError, ResultsDirError, ResultsLockedError, ConfigError) as err:
         raise fail(str(err)) from None
     except KeyboardInterrupt:

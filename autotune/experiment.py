@@ -8,7 +8,7 @@ stores them. Nothing here imports torch or Ray.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -227,3 +227,23 @@ class ExperimentResult:
             timings=Timings(**data.get("timings", {})),
             node_ids=tuple(data.get("node_ids", ())),
         )
+
+
+def wall_time_s(results: Iterable[ExperimentResult]) -> float:
+    """The wall time ``results`` took together: experiments that ran side by side count once
+    (the union of their intervals); one without a start time adds its duration."""
+    from datetime import datetime
+
+    intervals, loose_s = [], 0.0
+    for result in results:
+        try:
+            start = datetime.fromisoformat(result.started_at).timestamp()
+        except ValueError:
+            loose_s += result.duration_s
+            continue
+        intervals.append((start, start + result.duration_s))
+    total_s, covered_until = loose_s, float("-inf")
+    for start, end in sorted(intervals):
+        total_s += max(0.0, end - max(start, covered_until))
+        covered_until = max(covered_until, end)
+    return total_s

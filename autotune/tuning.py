@@ -3,6 +3,10 @@
 This is the one place the three meet. Resuming is replaying: every experiment in the log is
 told to a fresh tuner before it is asked for anything, so a finished experiment is never
 run again and an interrupted one (no log line) is simply proposed again.
+
+With a runner that runs several experiments at once (:class:`ConcurrentRunner`), the loop
+keeps every free slot busy: it asks the tuner as soon as a slot opens, and records each result
+the moment it finishes, so a crash loses only the experiments in flight.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import platform
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune.config import Config, parse_size
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY
@@ -28,6 +32,32 @@ class Runner(Protocol):
     """Anything that turns an ExperimentSpec into an ExperimentResult without raising."""
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult: ...
+
+
+@runtime_checkable
+class ConcurrentRunner(Protocol):
+    """A runner with room for several experiments at once (the Ray runner)."""
+
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether each rank holds GPUs of its own (else ranks share the nodes' cores)."""
+        ...
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        """How many experiments of this shape fit at once, each with its own resources."""
+        ...
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        """Start ``spec`` as soon as there is room; its result comes from ``wait``."""
+        ...
+
+    def wait(self) -> list[ExperimentResult]:
+        """Block until a submitted experiment finishes; those finished by then."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop every submitted experiment, releasing its resources; no results come back."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -117,6 +147,7 @@ class TuningEvent:
     candidate: Candidate | None
     result: ExperimentResult | None
     summary: TuningSummary
+    running: tuple[Candidate, ...] = ()  # every experiment in flight after this event
 
 
 @dataclass(frozen=True)
@@ -131,9 +162,24 @@ class TuningReport:
 
 
 def tune(
-    job: TuningJob, runner: Runner, on_event: Callable[[TuningEvent], None] | None = None
+    job: TuningJob,
+    runner: Runner | ConcurrentRunner,
+    on_event: Callable[[TuningEvent], None] | None = None,
+    max_concurrent: int | None = None,
 ) -> TuningReport:
     """Run (or resume) a tuning job to the end.
+
+    Args:
+        job: what to tune, and where.
+        runner: runs the experiments; a :class:`ConcurrentRunner` may run several at once.
+        on_event: progress callback.
+        max_concurrent: experiments in flight at most (never more than fit, each with its
+            own resources). Default: as many as fit where ranks hold GPUs, else 1, since
+            experiments sharing cores measure each other.
+
+    An interruption (Ctrl-C, any exception) cancels the experiments in flight and releases
+    their resources before it propagates; their results are not recorded, so a resumed run
+    runs them again.
 
     Raises:
         WorkloadError: the workload spec or its arguments are unusable (before any experiment).
@@ -144,33 +190,38 @@ def tune(
     info = workload_model_info(job) if job.script is None else None
     notify = on_event or (lambda event: None)
     with ResultsDir.open(job.results_dir, job.fingerprint(), overwrite=job.overwrite) as results:
-        history = results.results()
         if info is None:
-            info = measured_model_info(history, job.world_size)
-        tuner = make_tuner(job, info, results, history)
-        if history:
-            notify(TuningEvent("resumed", None, None, tuner.summary()))
-        run_now = 0
-        while (candidate := tuner.ask()) is not None:
-            spec = experiment_spec(
+            info = measured_model_info(results.results(), job.world_size)
+        replayed = make_tuner(job, info, results)
+        if replayed.history:
+            notify(TuningEvent("resumed", None, None, replayed.tuner.summary()))
+
+        def make_spec(candidate: Candidate) -> ExperimentSpec:
+            return experiment_spec(
                 job,
                 candidate,
                 info.flops_per_sample if info is not None else None,
                 output_dir=str(results.experiment_dir(candidate.name).resolve()),
             )
-            results.start(spec)
-            notify(TuningEvent("started", candidate, None, tuner.summary()))
-            result = runner.run(spec)
-            results.record(
-                spec, result, {"phase": candidate.phase.value, "repeat_of": candidate.repeat_of}
-            )
-            tuner.tell(result)
-            run_now += 1
-            notify(TuningEvent("finished", candidate, result, tuner.summary()))
+
+        def remake(result: ExperimentResult) -> _Replayed | None:
+            nonlocal info
             if info is None and (info := measured_model_info([result], job.world_size)):
                 # Memory pruning needs the model's size: a tuner that knows it takes over,
                 # told everything so far, as a resumed run would be.
-                tuner = make_tuner(job, info, results, results.results())
+                return make_tuner(job, info, results)
+            return None
+
+        tuner, run_now = _run_to_the_end(
+            replayed,
+            results,
+            # Until a script's first experiment has measured the model, one at a time: the
+            # tuner that takes over then must not find experiments of its predecessor running.
+            _Slots(runner, job, max_concurrent, one_at_a_time=lambda: info is None),
+            make_spec,
+            remake,
+            notify,
+        )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
         optimal_path = results.write_optimal(optimal) if optimal is not None else None
@@ -178,7 +229,149 @@ def tune(
             {**summary.to_dict(), "optimal_config": str(optimal_path) if optimal_path else None},
             format_summary(summary, optimal_path, job),
         )
-    return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+    return TuningReport(summary, job.results_dir, optimal_path, len(replayed.history), run_now)
+
+
+def _run_to_the_end(
+    replayed: _Replayed,
+    results: ResultsDir,
+    slots: _Slots,
+    make_spec: Callable[[Candidate], ExperimentSpec],
+    remake: Callable[[ExperimentResult], _Replayed | None],
+    notify: Callable[[TuningEvent], None],
+) -> tuple[Tuner, int]:
+    """Keep every free slot busy until the tuner is done; the tuner that finished (``remake``
+    may hand over to a new one after a result) and the number of experiments run.
+
+    A slot is filled the moment it frees; each result is recorded as soon as it arrives (the
+    log line is the commit point). ``ask`` returning None with experiments in flight means
+    "wait for a result", so the loop waits for one and asks again.
+    """
+    tuner, owed, next_proposal = replayed.tuner, replayed.owed, replayed.next_proposal
+    run_now = 0
+    in_flight: dict[str, tuple[ExperimentSpec, Candidate, int]] = {}
+
+    def running() -> tuple[Candidate, ...]:
+        return tuple(candidate for _, candidate, _ in in_flight.values())
+
+    try:
+        while True:
+            while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
+                spec = make_spec(candidate)
+                proposed = owed.pop(spec.name, None)  # run again: keeps its first number
+                if proposed is None:
+                    proposed, next_proposal = next_proposal, next_proposal + 1
+                results.start(spec, {"proposed": proposed})
+                slots.runner.submit(spec)
+                in_flight[spec.name] = (spec, candidate, proposed)
+                notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
+            if not in_flight:  # the tuner asks for nothing and waits for nothing: done
+                return tuner, run_now
+            for result in slots.runner.wait():
+                spec, candidate, proposed = in_flight.pop(result.name)
+                extra = {
+                    "phase": candidate.phase.value,
+                    "repeat_of": candidate.repeat_of,
+                    "proposed": proposed,
+                }
+                results.record(spec, result, extra)
+                tuner.tell(result)
+                run_now += 1
+                notify(TuningEvent("finished", candidate, result, tuner.summary(), running()))
+                if (successor := remake(result)) is not None:
+                    tuner, owed = successor.tuner, successor.owed
+                    next_proposal = successor.next_proposal
+    except BaseException:
+        slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
+        raise
+
+
+def _replay(
+    tuner: Tuner, results: ResultsDir
+) -> tuple[list[ExperimentResult], dict[str, int], int]:
+    """Tell ``tuner`` what an earlier run did, in the order it proposed it: the finished
+    experiments (the log), and those it left running (started, never finished). Returns the
+    finished ones, the proposal number of each unfinished one, and the next number.
+
+    The log holds experiments in the order they finished, which differs from the order they
+    were proposed when several ran at once; early stopping counts in proposal order, so
+    replaying in it, with the unfinished ones in their places, makes the resumed run decide
+    as the interrupted one would have. A log line without ``proposed`` (an older run) keeps
+    its place.
+    """
+    events: list[tuple[int, ExperimentResult | str]] = [
+        (record.get("proposed", index), ExperimentResult.from_dict(record))
+        for index, record in enumerate(results.records())
+    ]
+    owed = {
+        name: int(started["proposed"])
+        for name, started in results.unfinished().items()
+        if "proposed" in started
+    }
+    events += [(number, name) for name, number in owed.items()]
+    events.sort(key=lambda event: event[0])
+    history = []
+    for _, event in events:
+        if isinstance(event, str):
+            tuner.owe(event)
+        else:
+            tuner.tell(event)
+            history.append(event)
+    next_proposal = max((number for number, _ in events), default=-1) + 1
+    return history, owed, next_proposal
+
+
+class _OneAtATime:
+    """A plain :class:`Runner` behind the concurrent interface: each ``wait`` runs the next
+    submitted experiment to its end."""
+
+    uses_gpus = False
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        self._queued: list[ExperimentSpec] = []
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        return 1
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        self._queued.append(spec)
+
+    def wait(self) -> list[ExperimentResult]:
+        return [self._runner.run(self._queued.pop(0))] if self._queued else []
+
+    def cancel(self) -> None:
+        self._queued.clear()
+
+
+class _Slots:
+    """How many experiments may be in flight now: asked again after every result, so a node
+    that leaves the cluster (or joins it) changes how many run."""
+
+    def __init__(
+        self,
+        runner: Runner | ConcurrentRunner,
+        job: TuningJob,
+        max_concurrent: int | None,
+        one_at_a_time: Callable[[], bool] = lambda: False,
+    ) -> None:
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        self.runner: ConcurrentRunner = (
+            runner if isinstance(runner, ConcurrentRunner) else _OneAtATime(runner)
+        )
+        self._job = job
+        self._max_concurrent = max_concurrent
+        self._one_at_a_time = one_at_a_time
+
+    def count(self) -> int:
+        if self._one_at_a_time():
+            return 1
+        if self._max_concurrent is None and not self.runner.uses_gpus:
+            return 1  # experiments sharing cores would measure each other
+        fits = self.runner.capacity(self._job.world_size, self._job.cpus_per_rank)
+        # At least one: a gang that does not fit yet waits for room (or fails placement).
+        return max(1, min(fits, self._max_concurrent or fits))
 
 
 def workload_model_info(job: TuningJob) -> ModelInfo:
@@ -214,16 +407,23 @@ def measured_model_info(history: list[ExperimentResult], world_size: int) -> Mod
     return None
 
 
-def make_tuner(
-    job: TuningJob, info: ModelInfo | None, results: ResultsDir, history: list[ExperimentResult]
-) -> Tuner:
-    """A tuner for ``job`` that has been told ``history``."""
+def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> _Replayed:
+    """A tuner for ``job`` that has been told what ``results`` holds (see :func:`_replay`)."""
     tuner = Tuner(
         job.config, info, device_memory_bytes=job.memory_budget, storage=results.study_url
     )
-    for past in history:
-        tuner.tell(past)
-    return tuner
+    history, owed, next_proposal = _replay(tuner, results)
+    return _Replayed(tuner, history, owed, next_proposal)
+
+
+@dataclass
+class _Replayed:
+    """A tuner told an earlier run's experiments, and what the loop needs to go on."""
+
+    tuner: Tuner
+    history: list[ExperimentResult]  # finished experiments, in the order they were proposed
+    owed: dict[str, int]  # unfinished ones: their proposal numbers
+    next_proposal: int
 
 
 def _has_cuda() -> bool:
