@@ -12,19 +12,36 @@ from autotune.config import Config, ConfigError, load_config
 
 __version__ = "0.1.0"
 
+# DeepSpeed's names, so that a training script runs with ``import autotune as deepspeed``.
 _LAZY = {
     "initialize": "autotune.engine",
+    "add_config_arguments": "autotune.engine.launch",
+    "init_distributed": "autotune.engine.launch",
     "load_results": "autotune.results",
 }
+_SUBMODULES = ("comm", "zero")  # deepspeed.comm, deepspeed.zero
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"autotune.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["Config", "ConfigError", "__version__", "initialize", "load_config", "load_results"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "__version__",
+    "add_config_arguments",
+    "comm",
+    "init_distributed",
+    "initialize",
+    "load_config",
+    "load_results",
+    "zero",
+]

@@ -75,6 +75,15 @@ class RunnerKind(str, enum.Enum):
 
 @app.command()
 def run(
+    script: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="After `--`: a training script and its arguments (or -m module ...), tuned "
+            "instead of a workload; its config comes from -c or its --deepspeed_config / "
+            "--deepspeed argument.",
+            show_default=False,
+        ),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="DeepSpeed config; default: built-in.")
     ] = None,
@@ -117,21 +126,45 @@ def run(
         float | None,
         typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
     ] = None,
+    max_concurrent: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Ray: experiments at once (default: as many as fit on the cluster's GPUs; "
+            "1 without GPUs).",
+        ),
+    ] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Log lines, no live display.")
     ] = False,
 ) -> None:
-    """Tune: run experiments, rank them, write ds_config_optimal.json. Re-run to resume."""
+    """Tune: run experiments, rank them, write ds_config_optimal.json. Re-run to resume.
+
+    Script mode: autotune run [OPTIONS] -- train.py --deepspeed ds_config.json [ARGS...]
+    """
     from rich.console import Console
 
     from autotune.config import load_config, parse_size, read_json
     from autotune.config.loader import set_key
     from autotune.display import Progress, print_report
     from autotune.results import ResultsDirError, ResultsLockedError
+    from autotune.script import ScriptError, ScriptTarget
     from autotune.tuning import TuningJob, tune
     from autotune.workloads import WorkloadError, parse_workload_args
 
+    try:
+        target = ScriptTarget.from_command(script) if script else None
+    except ScriptError as err:
+        raise fail(str(err)) from None
+    if target is not None and config is None:
+        found = target.config_path()
+        if found is None:
+            raise fail(
+                "script mode needs a config: pass -c CONFIG, or --deepspeed_config / --deepspeed "
+                "in the script's arguments"
+            )
+        config = Path(found)
     try:
         spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
         flags = {
@@ -161,6 +194,8 @@ def run(
     except WorkloadError as err:
         raise fail(str(err)) from None
 
+    if target is not None:  # arg mappings live in the config, which is known only now
+        target = ScriptTarget.from_command(script or [], cfg.autotuning.arg_mappings)
     job = TuningJob(
         config=cfg,
         workload=workload,
@@ -169,6 +204,7 @@ def run(
         device_memory_bytes=budget,
         overwrite=overwrite or cfg.autotuning.overwrite,
         cpus_per_rank=cpus_per_rank,
+        script=target,
     )
     console = Console(stderr=False)
     try:
@@ -176,7 +212,7 @@ def run(
             _make_runner(runner, ray_address, gpus_per_rank) as experiment_runner,
             Progress(console, quiet, cfg.autotuning.tuner_num_trials) as progress,
         ):
-            report = tune(job, experiment_runner, on_event=progress)
+            report = tune(job, experiment_runner, on_event=progress, max_concurrent=max_concurrent)
     except (WorkloadError, ResultsDirError, ResultsLockedError, ConfigError) as err:
         raise fail(str(err)) from None
     except KeyboardInterrupt:

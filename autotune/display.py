@@ -33,7 +33,7 @@ class Progress:
         self.quiet = quiet
         self.num_trials = num_trials
         self.started = time.monotonic()
-        self.current = ""
+        self.running: list[str] = []  # "name (phase)" of each experiment in flight
         self.run_here = 0  # experiments finished by this process (not replayed from the log)
         self._live: Live | None = None
 
@@ -52,7 +52,8 @@ class Progress:
         if event.kind == "resumed":
             self._log(f"resuming: {summary.num_run} experiments already finished")
         elif event.kind == "started" and event.candidate is not None:
-            self.current = f"{event.candidate.name} ({event.candidate.phase.value})"
+            if self.quiet and event.running[1:]:  # several at once: say when each starts
+                self._log(f"{event.candidate.name}: started ({len(event.running)} running)")
         elif event.kind == "finished" and event.result is not None:
             result = event.result
             metric = summary.metric.value
@@ -62,8 +63,8 @@ class Progress:
             else:
                 what = f"{result.status.value}  {result.error or ''}"[:100]
             self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
-            self.current = ""
             self.run_here += 1
+        self.running = [f"{c.name} ({c.phase.value})" for c in event.running]
         if self._live is not None:
             self._live.update(self._status(summary))
 
@@ -87,8 +88,8 @@ class Progress:
             left = max(0, self.num_trials - done) * elapsed / self.run_here
             remaining = f", search at most ~{left:.0f} s more (plus re-measurements)"
         table.add_row("elapsed", f"{elapsed:.0f} s{remaining}")
-        if self.current:
-            table.add_row("running", self.current)
+        for index, running in enumerate(self.running):
+            table.add_row("running" if index == 0 else "", running)
         return table
 
 

@@ -8,9 +8,11 @@ stores them. Nothing here imports torch or Ray.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from autotune.script import ScriptTarget
 
 
 class Status(str, enum.Enum):
@@ -29,7 +31,8 @@ class ExperimentSpec:
     Attributes:
         name: unique within a results directory; also the experiment's folder name.
         ds_config: the concrete DeepSpeed config (batch triad resolved, no search lists).
-        workload: a built-in name (``gpt``) or ``package.module:function``.
+        workload: a built-in name (``gpt``) or ``package.module:function`` (unused when
+            ``script`` is set).
         workload_args: keyword arguments for the workload factory.
         world_size: number of ranks.
         start_profile_step: first optimizer step inside the timed window (1-based).
@@ -39,6 +42,9 @@ class ExperimentSpec:
         seed: model initialisation seed (same on every rank); data uses ``seed + rank``.
         flops_per_sample: training FLOPs per sample if already known (else counted once).
         cpus_per_rank: torch threads per rank process.
+        script: script mode: the user's training script to run instead of a workload.
+        output_dir: where each rank leaves its script's stdout and stderr (``rank0.out``,
+            ``rank0.err``, ...): the experiment's folder in the results directory.
     """
 
     name: str
@@ -53,6 +59,8 @@ class ExperimentSpec:
     seed: int = 0
     flops_per_sample: float | None = None
     cpus_per_rank: int = 1
+    script: ScriptTarget | None = None
+    output_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.start_profile_step <= self.end_profile_step:
@@ -73,6 +81,14 @@ class ExperimentSpec:
         data["workload_args"] = dict(self.workload_args)
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentSpec:
+        """The spec :meth:`to_dict` wrote (e.g. a results directory's ``spec.json``)."""
+        values = dict(data)
+        if values.get("script") is not None:
+            values["script"] = ScriptTarget.from_dict(values["script"])
+        return cls(**values)
+
 
 @dataclass(frozen=True)
 class Metrics:
@@ -81,6 +97,10 @@ class Metrics:
     Same meaning as DeepSpeed's: ``latency`` seconds per optimizer step (lower is better);
     ``throughput`` global samples per second; ``flops`` floating-point operations per second
     per rank. ``step_times_s`` are the window's individual steps so noise stays visible.
+
+    Script mode also measures the model's size (the tuner knows a workload's in advance):
+    ``num_params``, ``param_bytes`` and ``activation_bytes_per_sample`` (see
+    :meth:`autotune.profiling.model_info.ModelInfo.from_metrics`).
     """
 
     latency: float
@@ -90,6 +110,9 @@ class Metrics:
     step_times_s: tuple[float, ...]
     train_batch_size: int
     flops_per_step: float
+    num_params: int | None = None
+    param_bytes: int | None = None
+    activation_bytes_per_sample: int | None = None
 
     @property
     def latency_spread(self) -> float:
@@ -204,3 +227,23 @@ class ExperimentResult:
             timings=Timings(**data.get("timings", {})),
             node_ids=tuple(data.get("node_ids", ())),
         )
+
+
+def wall_time_s(results: Iterable[ExperimentResult]) -> float:
+    """The wall time ``results`` took together: experiments that ran side by side count once
+    (the union of their intervals); one without a start time adds its duration."""
+    from datetime import datetime
+
+    intervals, loose_s = [], 0.0
+    for result in results:
+        try:
+            start = datetime.fromisoformat(result.started_at).timestamp()
+        except ValueError:
+            loose_s += result.duration_s
+            continue
+        intervals.append((start, start + result.duration_s))
+    total_s, covered_until = loose_s, float("-inf")
+    for start, end in sorted(intervals):
+        total_s += max(0.0, end - max(start, covered_until))
+        covered_until = max(covered_until, end)
+    return total_s

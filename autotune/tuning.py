@@ -3,6 +3,10 @@
 This is the one place the three meet. Resuming is replaying: every experiment in the log is
 told to a fresh tuner before it is asked for anything, so a finished experiment is never
 run again and an interrupted one (no log line) is simply proposed again.
+
+With a runner that runs several experiments at once (:class:`ConcurrentRunner`), the loop
+keeps every free slot busy: it asks the tuner as soon as a slot opens, and records each result
+the moment it finishes, so a crash loses only the experiments in flight.
 """
 
 from __future__ import annotations
@@ -11,19 +15,49 @@ import platform
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune.config import Config, parse_size
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
+from autotune.script import ScriptTarget
 from autotune.tuner import Candidate, Tuner, TuningSummary
+
+if TYPE_CHECKING:
+    from autotune.profiling.model_info import ModelInfo
 
 
 class Runner(Protocol):
     """Anything that turns an ExperimentSpec into an ExperimentResult without raising."""
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult: ...
+
+
+@runtime_checkable
+class ConcurrentRunner(Protocol):
+    """A runner with room for several experiments at once (the Ray runner)."""
+
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether each rank holds GPUs of its own (else ranks share the nodes' cores)."""
+        ...
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        """How many experiments of this shape fit at once, each with its own resources."""
+        ...
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        """Start ``spec`` as soon as there is room; its result comes from ``wait``."""
+        ...
+
+    def wait(self) -> list[ExperimentResult]:
+        """Block until a submitted experiment finishes; those finished by then."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop every submitted experiment, releasing its resources; no results come back."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +72,7 @@ class TuningJob:
         device_memory_bytes: per-rank memory budget (None: the config's, else the device's).
         overwrite: discard a previous run's results in ``results_dir``.
         cpus_per_rank: cores (torch threads) each rank gets.
+        script: script mode: the user's training script, run instead of ``workload``.
     """
 
     config: Config
@@ -47,6 +82,12 @@ class TuningJob:
     device_memory_bytes: int | None = None
     overwrite: bool = False
     cpus_per_rank: int = 1
+    script: ScriptTarget | None = None
+
+    @property
+    def label(self) -> str:
+        """What is tuned, for summaries: the workload, or the script."""
+        return self.script.label if self.script is not None else self.workload
 
     @property
     def world_size(self) -> int:
@@ -76,10 +117,15 @@ class TuningJob:
         base = self.config.to_dict()
         tuning = base.pop("autotuning", {})
         window = {k: tuning[k] for k in ("start_profile_step", "end_profile_step") if k in tuning}
+        # A script is the same job while its file, arguments and arg mappings are the same.
+        target: dict[str, Any] = (
+            {"script": self.script.fingerprint()}
+            if self.script is not None
+            else {"workload": self.workload, "workload_args": dict(self.workload_args)}
+        )
         return {
             "tuned": {
-                "workload": self.workload,
-                "workload_args": dict(self.workload_args),
+                **target,
                 "world_size": self.world_size,
                 "device_memory_bytes": self.memory_budget,
                 "base_config": base,
@@ -101,6 +147,7 @@ class TuningEvent:
     candidate: Candidate | None
     result: ExperimentResult | None
     summary: TuningSummary
+    running: tuple[Candidate, ...] = ()  # every experiment in flight after this event
 
 
 @dataclass(frozen=True)
@@ -115,54 +162,66 @@ class TuningReport:
 
 
 def tune(
-    job: TuningJob, runner: Runner, on_event: Callable[[TuningEvent], None] | None = None
+    job: TuningJob,
+    runner: Runner | ConcurrentRunner,
+    on_event: Callable[[TuningEvent], None] | None = None,
+    max_concurrent: int | None = None,
 ) -> TuningReport:
     """Run (or resume) a tuning job to the end.
+
+    Args:
+        job: what to tune, and where.
+        runner: runs the experiments; a :class:`ConcurrentRunner` may run several at once.
+        on_event: progress callback.
+        max_concurrent: experiments in flight at most (never more than fit, each with its
+            own resources). Default: as many as fit where ranks hold GPUs, else 1, since
+            experiments sharing cores measure each other.
+
+    An interruption (Ctrl-C, any exception) cancels the experiments in flight and releases
+    their resources before it propagates; their results are not recorded, so a resumed run
+    runs them again.
 
     Raises:
         WorkloadError: the workload spec or its arguments are unusable (before any experiment).
         ResultsDirError / ResultsLockedError: the results directory cannot be used.
         ConfigError: the config leaves nothing to search.
     """
-    from autotune.profiling.model_info import model_info
-    from autotune.workloads import WorkloadError, check_workload, resolve_workload
-
-    seed = job.config.autotuning.seed
-    check_workload(job.workload, job.workload_args, seed=seed)
-    try:
-        info = model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
-    except WorkloadError:
-        raise
-    except Exception as err:  # the user's model failed a real forward/backward on CPU
-        raise WorkloadError(
-            f"workload {job.workload!r}: profiling one micro-batch failed: "
-            f"{type(err).__name__}: {err}"
-        ) from None
+    # A workload's model is profiled up front; a script's is measured by its first experiment.
+    info = workload_model_info(job) if job.script is None else None
     notify = on_event or (lambda event: None)
     with ResultsDir.open(job.results_dir, job.fingerprint(), overwrite=job.overwrite) as results:
-        tuner = Tuner(
-            job.config,
-            info,
-            device_memory_bytes=job.memory_budget,
-            storage=results.study_url,
-        )
-        history = results.results()
-        for past in history:
-            tuner.tell(past)
-        if history:
-            notify(TuningEvent("resumed", None, None, tuner.summary()))
-        run_now = 0
-        while (candidate := tuner.ask()) is not None:
-            spec = experiment_spec(job, candidate, info.flops_per_sample)
-            results.start(spec)
-            notify(TuningEvent("started", candidate, None, tuner.summary()))
-            result = runner.run(spec)
-            results.record(
-                spec, result, {"phase": candidate.phase.value, "repeat_of": candidate.repeat_of}
+        if info is None:
+            info = measured_model_info(results.results(), job.world_size)
+        replayed = make_tuner(job, info, results)
+        if replayed.history:
+            notify(TuningEvent("resumed", None, None, replayed.tuner.summary()))
+
+        def make_spec(candidate: Candidate) -> ExperimentSpec:
+            return experiment_spec(
+                job,
+                candidate,
+                info.flops_per_sample if info is not None else None,
+                output_dir=str(results.experiment_dir(candidate.name).resolve()),
             )
-            tuner.tell(result)
-            run_now += 1
-            notify(TuningEvent("finished", candidate, result, tuner.summary()))
+
+        def remake(result: ExperimentResult) -> _Replayed | None:
+            nonlocal info
+            if info is None and (info := measured_model_info([result], job.world_size)):
+                # Memory pruning needs the model's size: a tuner that knows it takes over,
+                # told everything so far, as a resumed run would be.
+                return make_tuner(job, info, results)
+            return None
+
+        tuner, run_now = _run_to_the_end(
+            replayed,
+            results,
+            # Until a script's first experiment has measured the model, one at a time: the
+            # tuner that takes over then must not find experiments of its predecessor running.
+            _Slots(runner, job, max_concurrent, one_at_a_time=lambda: info is None),
+            make_spec,
+            remake,
+            notify,
+        )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
         optimal_path = results.write_optimal(optimal) if optimal is not None else None
@@ -170,7 +229,201 @@ def tune(
             {**summary.to_dict(), "optimal_config": str(optimal_path) if optimal_path else None},
             format_summary(summary, optimal_path, job),
         )
-    return TuningReport(summary, job.results_dir, optimal_path, len(history), run_now)
+    return TuningReport(summary, job.results_dir, optimal_path, len(replayed.history), run_now)
+
+
+def _run_to_the_end(
+    replayed: _Replayed,
+    results: ResultsDir,
+    slots: _Slots,
+    make_spec: Callable[[Candidate], ExperimentSpec],
+    remake: Callable[[ExperimentResult], _Replayed | None],
+    notify: Callable[[TuningEvent], None],
+) -> tuple[Tuner, int]:
+    """Keep every free slot busy until the tuner is done; the tuner that finished (``remake``
+    may hand over to a new one after a result) and the number of experiments run.
+
+    A slot is filled the moment it frees; each result is recorded as soon as it arrives (the
+    log line is the commit point). ``ask`` returning None with experiments in flight means
+    "wait for a result", so the loop waits for one and asks again.
+    """
+    tuner, owed, next_proposal = replayed.tuner, replayed.owed, replayed.next_proposal
+    run_now = 0
+    in_flight: dict[str, tuple[ExperimentSpec, Candidate, int]] = {}
+
+    def running() -> tuple[Candidate, ...]:
+        return tuple(candidate for _, candidate, _ in in_flight.values())
+
+    try:
+        while True:
+            while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
+                spec = make_spec(candidate)
+                proposed = owed.pop(spec.name, None)  # run again: keeps its first number
+                if proposed is None:
+                    proposed, next_proposal = next_proposal, next_proposal + 1
+                results.start(spec, {"proposed": proposed})
+                slots.runner.submit(spec)
+                in_flight[spec.name] = (spec, candidate, proposed)
+                notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
+            if not in_flight:  # the tuner asks for nothing and waits for nothing: done
+                return tuner, run_now
+            for result in slots.runner.wait():
+                spec, candidate, proposed = in_flight.pop(result.name)
+                extra = {
+                    "phase": candidate.phase.value,
+                    "repeat_of": candidate.repeat_of,
+                    "proposed": proposed,
+                }
+                results.record(spec, result, extra)
+                tuner.tell(result)
+                run_now += 1
+                notify(TuningEvent("finished", candidate, result, tuner.summary(), running()))
+                if (successor := remake(result)) is not None:
+                    tuner, owed = successor.tuner, successor.owed
+                    next_proposal = successor.next_proposal
+    except BaseException:
+        slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
+        raise
+
+
+def _replay(
+    tuner: Tuner, results: ResultsDir
+) -> tuple[list[ExperimentResult], dict[str, int], int]:
+    """Tell ``tuner`` what an earlier run did, in the order it proposed it: the finished
+    experiments (the log), and those it left running (started, never finished). Returns the
+    finished ones, the proposal number of each unfinished one, and the next number.
+
+    The log holds experiments in the order they finished, which differs from the order they
+    were proposed when several ran at once; early stopping counts in proposal order, so
+    replaying in it, with the unfinished ones in their places, makes the resumed run decide
+    as the interrupted one would have. A log line without ``proposed`` (an older run) keeps
+    its place.
+    """
+    events: list[tuple[int, ExperimentResult | str]] = [
+        (record.get("proposed", index), ExperimentResult.from_dict(record))
+        for index, record in enumerate(results.records())
+    ]
+    owed = {
+        name: int(started["proposed"])
+        for name, started in results.unfinished().items()
+        if "proposed" in started
+    }
+    events += [(number, name) for name, number in owed.items()]
+    events.sort(key=lambda event: event[0])
+    history = []
+    for _, event in events:
+        if isinstance(event, str):
+            tuner.owe(event)
+        else:
+            tuner.tell(event)
+            history.append(event)
+    next_proposal = max((number for number, _ in events), default=-1) + 1
+    return history, owed, next_proposal
+
+
+class _OneAtATime:
+    """A plain :class:`Runner` behind the concurrent interface: each ``wait`` runs the next
+    submitted experiment to its end."""
+
+    uses_gpus = False
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        self._queued: list[ExperimentSpec] = []
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        return 1
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        self._queued.append(spec)
+
+    def wait(self) -> list[ExperimentResult]:
+        return [self._runner.run(self._queued.pop(0))] if self._queued else []
+
+    def cancel(self) -> None:
+        self._queued.clear()
+
+
+class _Slots:
+    """How many experiments may be in flight now: asked again after every result, so a node
+    that leaves the cluster (or joins it) changes how many run."""
+
+    def __init__(
+        self,
+        runner: Runner | ConcurrentRunner,
+        job: TuningJob,
+        max_concurrent: int | None,
+        one_at_a_time: Callable[[], bool] = lambda: False,
+    ) -> None:
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        self.runner: ConcurrentRunner = (
+            runner if isinstance(runner, ConcurrentRunner) else _OneAtATime(runner)
+        )
+        self._job = job
+        self._max_concurrent = max_concurrent
+        self._one_at_a_time = one_at_a_time
+
+    def count(self) -> int:
+        if self._one_at_a_time():
+            return 1
+        if self._max_concurrent is None and not self.runner.uses_gpus:
+            return 1  # experiments sharing cores would measure each other
+        fits = self.runner.capacity(self._job.world_size, self._job.cpus_per_rank)
+        # At least one: a gang that does not fit yet waits for room (or fails placement).
+        return max(1, min(fits, self._max_concurrent or fits))
+
+
+def workload_model_info(job: TuningJob) -> ModelInfo:
+    """Profile the job's workload (sizes, activations, FLOPs) before any experiment.
+
+    Raises:
+        WorkloadError: the workload spec is unusable, or its model fails a real step.
+    """
+    from autotune.profiling.model_info import model_info
+    from autotune.workloads import WorkloadError, check_workload, resolve_workload
+
+    seed = job.config.autotuning.seed
+    check_workload(job.workload, job.workload_args, seed=seed)
+    try:
+        return model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
+    except WorkloadError:
+        raise
+    except Exception as err:  # the user's model failed a real forward/backward on CPU
+        raise WorkloadError(
+            f"workload {job.workload!r}: profiling one micro-batch failed: "
+            f"{type(err).__name__}: {err}"
+        ) from None
+
+
+def measured_model_info(history: list[ExperimentResult], world_size: int) -> ModelInfo | None:
+    """The model's info from the first of ``history`` that measured it (script mode)."""
+    from autotune.profiling.model_info import ModelInfo
+
+    for result in history:
+        info = ModelInfo.from_metrics(result.metrics, world_size)
+        if info is not None:
+            return info
+    return None
+
+
+def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> _Replayed:
+    """A tuner for ``job`` that has been told what ``results`` holds (see :func:`_replay`)."""
+    tuner = Tuner(
+        job.config, info, device_memory_bytes=job.memory_budget, storage=results.study_url
+    )
+    history, owed, next_proposal = _replay(tuner, results)
+    return _Replayed(tuner, history, owed, next_proposal)
+
+
+@dataclass
+class _Replayed:
+    """A tuner told an earlier run's experiments, and what the loop needs to go on."""
+
+    tuner: Tuner
+    history: list[ExperimentResult]  # finished experiments, in the order they were proposed
+    owed: dict[str, int]  # unfinished ones: their proposal numbers
+    next_proposal: int
 
 
 def _has_cuda() -> bool:
@@ -180,7 +433,10 @@ def _has_cuda() -> bool:
 
 
 def experiment_spec(
-    job: TuningJob, candidate: Candidate, flops_per_sample: float | None
+    job: TuningJob,
+    candidate: Candidate,
+    flops_per_sample: float | None,
+    output_dir: str | None = None,
 ) -> ExperimentSpec:
     tuning = job.config.autotuning
     return ExperimentSpec(
@@ -196,6 +452,8 @@ def experiment_spec(
         seed=tuning.seed,
         flops_per_sample=flops_per_sample,
         cpus_per_rank=job.cpus_per_rank,
+        script=job.script,
+        output_dir=output_dir,
     )
 
 
@@ -203,7 +461,7 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
     """The human-readable summary written next to ``summary.json``."""
     metric = summary.metric.value
     lines = [
-        f"autotune: {job.workload} at world size {job.world_size}, metric {metric}",
+        f"autotune: {job.label} at world size {job.world_size}, metric {metric}",
         f"experiments run: {summary.num_run} (failed {summary.num_failed}), "
         f"pruned: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
         f"stopped: {summary.stop_reason or 'search complete'}",

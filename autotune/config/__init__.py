@@ -6,6 +6,7 @@ Importable without torch.distributed or Ray.
 from autotune.config.errors import ConfigError
 from autotune.config.loader import (
     SEARCHABLE_KEYS,
+    ConfigWarning,
     load_config,
     read_json,
     resolve_batch_triad,
@@ -35,6 +36,7 @@ __all__ = [
     "BF16Config",
     "Config",
     "ConfigError",
+    "ConfigWarning",
     "FP16Config",
     "FlopsProfilerConfig",
     "Metric",

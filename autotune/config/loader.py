@@ -10,6 +10,7 @@ import difflib
 import json
 import types
 import typing
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,7 @@ def _join(prefix: str, key: str) -> str:
 
 def _load(raw: dict[str, Any], world_size: int) -> Config:
     spec = copy.deepcopy(raw)
+    foreign = _split_foreign(raw)
     search_space = _extract_search_space(raw)
     config = validate_section(Config, raw, "")
     _check_rules(config, search_space)
@@ -160,8 +162,76 @@ def _load(raw: dict[str, Any], world_size: int) -> Config:
     resolved = resolve_batch_triad(given[0], given[1], given[2], world_size=world_size)
     updates = {k: v for k, v in zip(TRIAD, resolved, strict=True) if v is not None}
     config = config.model_copy(update=updates)
-    config._attach(spec=spec, search_space=search_space, world_size=world_size)
+    config._attach(spec=spec, search_space=search_space, world_size=world_size, foreign=foreign)
     return config
+
+
+class ConfigWarning(UserWarning):
+    """A config key that is kept but not used (an unknown top-level key)."""
+
+
+_warned: set[str] = set()  # foreign keys already warned about in this process
+
+
+def _split_foreign(raw: dict[str, Any]) -> dict[str, Any]:
+    """Pop the unknown top-level keys out of ``raw`` and return them, warning once per key.
+
+    DeepSpeed ignores unknown top-level keys, and real configs carry some (launcher settings
+    such as ``cuda_visible_devices``, keys of newer or older DeepSpeed versions), so they are
+    kept, not refused. A near-miss of a section name is refused instead: DeepSpeed would
+    silently train without that section (``zero_optimisation`` means stage 0).
+    """
+    known = _known_keys(Config, [])
+    foreign: dict[str, Any] = {}
+    for key in [k for k in raw if k not in known]:
+        section = _near_section(key)
+        if section is not None:
+            raise ConfigError(
+                key,
+                f"unknown key; did you mean {section!r}? (DeepSpeed would ignore this "
+                "section and train without it)",
+            )
+        foreign[key] = raw.pop(key)
+        if key not in _warned:
+            _warned.add(key)
+            hint = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            warnings.warn(
+                f"config key {key!r} is unknown; kept but not used"
+                + (f" (did you mean {hint[0]!r}?)" if hint else ""),
+                ConfigWarning,
+                stacklevel=4,
+            )
+    return foreign
+
+
+def _near_section(key: str) -> str | None:
+    """The section name (a key holding an object) that ``key`` is a misspelling of."""
+    sections = [
+        name
+        for name in _known_keys(Config, [])
+        if _is_section(Config.model_fields.get(name) or _field(Config, name))
+    ]
+
+    def squash(name: str) -> str:
+        return name.lower().replace("_", "").replace("-", "")
+
+    for name in sections:
+        if squash(name) == squash(key):
+            return name
+    close = difflib.get_close_matches(key.lower(), sections, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _is_section(field: Any) -> bool:
+    if field is None:
+        return False
+    annotation = field.annotation
+    if _submodel(annotation) is not None:
+        return True
+    return any(
+        arg is dict or typing.get_origin(arg) is dict
+        for arg in (annotation, *typing.get_args(annotation))
+    )
 
 
 def _not_auto(value: Any) -> Any:

@@ -449,7 +449,11 @@ class AutotuningConfig(Section):
     tuner_type: Annotated[TunerType, BeforeValidator(_lower)] = TunerType.model_based
     tuner_early_stopping: PositiveInt = 5
     tuner_num_trials: PositiveInt = 50
-    arg_mappings: dict[str, str] | None = None
+    arg_mappings: dict[str, str] | None = Field(
+        default=None,
+        description="Config key -> the training script's flag that must carry its value "
+        "(script mode), e.g. train_micro_batch_size_per_gpu -> --per_device_train_batch_size.",
+    )
     model_info_path: str | None = None
     # autotune's own keys (DeepSpeed has no equivalent).
     timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit per experiment.")
@@ -460,6 +464,14 @@ class AutotuningConfig(Section):
         default=3, description="Top candidates re-measured before the best is declared."
     )
     seed: AnyInt = 0
+
+    @field_validator("arg_mappings")
+    @classmethod
+    def _trim_arg_mappings(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        # Real configs carry keys such as "train_micro_batch_size_per_gpu " (DeepSpeed trims).
+        if value is None:
+            return None
+        return {key.strip(): flag.strip() for key, flag in value.items()}
 
 
 # --- flops profiler and logging ----------------------------------------------------------------
@@ -579,11 +591,22 @@ class Config(Section):
     _spec: dict[str, Any] = PrivateAttr(default_factory=dict)
     _search_space: dict[str, tuple[Any, ...]] = PrivateAttr(default_factory=dict)
     _world_size: int = PrivateAttr(default=1)
+    _foreign: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def _attach(
-        self, spec: dict[str, Any], search_space: dict[str, tuple[Any, ...]], world_size: int
+        self,
+        spec: dict[str, Any],
+        search_space: dict[str, tuple[Any, ...]],
+        world_size: int,
+        foreign: dict[str, Any] | None = None,
     ) -> None:
         self._spec, self._search_space, self._world_size = spec, search_space, world_size
+        self._foreign = dict(foreign or {})
+
+    @property
+    def foreign_keys(self) -> dict[str, Any]:
+        """Unknown top-level keys, kept as written (DeepSpeed ignores them, so does the engine)."""
+        return copy.deepcopy(self._foreign)
 
     @property
     def world_size(self) -> int:
@@ -618,6 +641,7 @@ class Config(Section):
         from autotune.config.loader import set_key
 
         data = self.model_dump(mode="json", exclude_unset=not full, exclude_none=full)
+        data.update(copy.deepcopy(self._foreign))
         for key, values in self._search_space.items():
             set_key(data, key, list(values))
         return data

@@ -9,6 +9,7 @@ Example:
 from autotune.engine import memory
 from autotune.engine.comm import CollectiveLog, Communicator
 from autotune.engine.engine import ZeroEngine, initialize
+from autotune.engine.launch import add_config_arguments, init_distributed
 from autotune.engine.loss_scaler import DynamicLossScaler, LossScaler, build_loss_scaler
 from autotune.engine.memory import ModelStateBytes, model_state_bytes
 from autotune.engine.optimizers import Lamb, build_optimizer
@@ -34,9 +35,11 @@ __all__ = [
     "WarmupDecayLR",
     "WarmupLR",
     "ZeroEngine",
+    "add_config_arguments",
     "build_loss_scaler",
     "build_optimizer",
     "build_scheduler",
+    "init_distributed",
     "initialize",
     "memory",
     "model_state_bytes",

@@ -74,6 +74,10 @@ class Communicator:
     def __init__(
         self, group: dist.ProcessGroup | None, tracker: MemoryTracker | None = None
     ) -> None:
+        # A group of one (init_distributed() in a lone process) has nothing to exchange;
+        # without it nothing is sent, as in a process that never made a group.
+        if group is not None and dist.get_world_size(group) == 1:
+            group = None
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world_size = dist.get_world_size(group) if group is not None else 1

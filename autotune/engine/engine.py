@@ -17,9 +17,13 @@ stage  parameters                    gradients                   optimizer (fp32
 
 from __future__ import annotations
 
+import copy
+import inspect
 import math
+import os
+import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -29,11 +33,12 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.config import Config, ConfigError, load_config
-from autotune.engine import hooks
+from autotune.engine import checkpoint, hooks
 from autotune.engine.comm import Communicator, local_cuda_device, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
+from autotune.engine.launch import ConfigSource, config_source
 from autotune.engine.loss_scaler import build_loss_scaler
-from autotune.engine.master import MasterParams, ParamGroups
+from autotune.engine.master import MasterParams, OptimizerFactory, ParamGroups
 from autotune.engine.memory import ActivationTracker, MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, group_by_numel, param_views, segment_rows
 from autotune.engine.schedulers import build_scheduler
@@ -41,6 +46,9 @@ from autotune.engine.settings import ZeroSettings, check_supported, resolve_zero
 from autotune.engine.stage3 import Stage3Limits, Stage3Params, _UnitRef, plan_units
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_SCHEDULER_ORDER_WARNINGS = r"(Detected call of .lr_scheduler\.step|Seems like .optimizer\.step)"
+# Live engines, so that zero.GatheredParameters can find the one that holds a parameter.
+_ENGINES: weakref.WeakSet[ZeroEngine] = weakref.WeakSet()
 
 
 class ZeroEngine(nn.Module):
@@ -53,6 +61,7 @@ class ZeroEngine(nn.Module):
         group: dist.ProcessGroup | None,
         model_parameters: Iterable[Any] | None = None,
         device_memory_bytes: int | None = None,
+        optimizer_factory: OptimizerFactory | None = None,
     ) -> None:
         super().__init__()
         check_supported(config)
@@ -99,9 +108,10 @@ class ZeroEngine(nn.Module):
             sub_group_numel=self.zero.sub_group_numel,
             # From stage 1 on a parameter may be split across ranks (a world of one sums nothing).
             sum_over_ranks=self.comm.sum_small if self.zero.stage > 0 else None,
+            optimizer_factory=optimizer_factory,
         )
         self.optimizer = self.master.optimizer
-        self.lr_scheduler = build_scheduler(config.scheduler, self.optimizer)
+        self.lr_scheduler: Any = build_scheduler(config.scheduler, self.optimizer)
         self.loss_scaler = build_loss_scaler(config.fp16)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._grad_hook(i))
@@ -110,6 +120,10 @@ class ZeroEngine(nn.Module):
         self.micro_steps = 0
         self.global_steps = 0
         self.skipped_steps = 0
+        self._step_skipped = False
+        self._grad_norm: float | None = None
+        self._param_ids = frozenset(id(p) for p in self.params)
+        _ENGINES.add(self)
 
     # --- building the stage ---------------------------------------------------------------
 
@@ -287,11 +301,14 @@ class ZeroEngine(nn.Module):
         self._check_memory("in backward")
         return loss
 
-    def step(self) -> None:
-        """Count a micro-batch; at an accumulation boundary, update the parameters."""
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        """Count a micro-batch; at an accumulation boundary, update the parameters.
+
+        ``lr_kwargs`` go to the scheduler's ``step`` (e.g. a metric for ReduceLROnPlateau).
+        """
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
-            self._optimizer_step()
+            self._optimizer_step(lr_kwargs or {})
             self.global_steps += 1
         self.micro_steps += 1
         observer = hooks.current()
@@ -301,26 +318,33 @@ class ZeroEngine(nn.Module):
     def is_gradient_accumulation_boundary(self) -> bool:
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, lr_kwargs: dict[str, Any]) -> None:
         scale = self.loss_scaler.scale
         fp16 = self.dtype == torch.float16
         clipping = float(self.config.gradient_clipping)
         grad_scale = 1.0 / scale
-        if clipping > 0 or fp16:
-            norm = self._global_grad_norm() / scale
-            if fp16 and not math.isfinite(norm):
-                self.skipped_steps += 1
-                self.loss_scaler.update(overflow=True)
-                self.grads.zero()
-                return
-            clip = clipping / (norm + 1e-6)
-            if clipping > 0 and clip < 1.0:
-                grad_scale *= clip
+        # The norm is needed for clipping and overflow checks; scripts also log it
+        # (get_global_grad_norm), and it costs one pass over the shard and a tiny all-reduce.
+        norm = self._global_grad_norm() / scale
+        self._grad_norm = norm
+        self._step_skipped = fp16 and not math.isfinite(norm)
+        if self._step_skipped:
+            self.skipped_steps += 1
+            self.loss_scaler.update(overflow=True)
+            self.grads.zero()
+            return
+        clip = clipping / (norm + 1e-6)
+        if clipping > 0 and clip < 1.0:
+            grad_scale *= clip
         self.loss_scaler.update(overflow=False)
         self.master.step(grad_scale)
         self.grads.zero()
         if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+            with warnings.catch_warnings():
+                # A client scheduler re-bound to the engine's optimizer (initialize) cannot
+                # see that optimizer's step being called; torch would warn that it was not.
+                warnings.filterwarnings("ignore", message=_SCHEDULER_ORDER_WARNINGS)
+                self.lr_scheduler.step(**lr_kwargs)
         self._publish_params()
         self._check_memory("in the optimizer step")
 
@@ -387,6 +411,68 @@ class ZeroEngine(nn.Module):
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 
+    @property
+    def global_rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (torchrun's ``LOCAL_RANK``; 0 alone)."""
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def dp_world_size(self) -> int:
+        return self.comm.world_size
+
+    def get_global_grad_norm(self) -> float | None:
+        """The norm of the last optimizer step's gradients, unscaled and before clipping
+        (None before the first step); inf or nan when an fp16 step overflowed."""
+        return self._grad_norm
+
+    def was_step_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (an fp16 overflow)."""
+        return self._step_skipped
+
+    def get_global_step(self) -> int:
+        return self.global_steps
+
+    def get_loss_scale(self) -> float:
+        return self.loss_scaler.scale
+
+    def owns(self, param: torch.Tensor) -> bool:
+        """Whether ``param`` is one this engine trains."""
+        return id(param) in self._param_ids
+
+    @contextmanager
+    def gathered_parameters(
+        self, params: Sequence[nn.Parameter], modifier_rank: int | None
+    ) -> Iterator[None]:
+        """``params`` whole for the block; what ``modifier_rank`` writes to them is kept.
+
+        On exit the modifier's values are broadcast, written into every rank's shard and its
+        fp32 master copy, so the next step trains from them.
+        """
+        params = [p for p in params if self.owns(p)]
+        units = None if self.stage3 is None else self.stage3.units_of(params)
+        with self.stage3.gathered(units) if self.stage3 is not None else nullcontext():
+            yield
+            if modifier_rank is not None:
+                self._take_modified(params, modifier_rank)
+
+    @torch.no_grad()
+    def _take_modified(self, params: Sequence[nn.Parameter], modifier_rank: int) -> None:
+        if self.comm.group is not None:
+            source = dist.get_global_rank(self.comm.group, modifier_rank)
+            for param in params:
+                dist.broadcast(param.data, source, group=self.comm.group)
+        if self.stage3 is not None:
+            self.stage3.store_gathered()
+        self.master.reload()
+
     def peak_memory_bytes(self) -> int:
         """Peak device bytes of this rank: the CUDA allocator's, or the accounted peak on CPU."""
         return self.memory.peak_bytes()
@@ -398,6 +484,58 @@ class ZeroEngine(nn.Module):
     @property
     def loss_scale(self) -> float:
         return self.loss_scaler.scale
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def save_checkpoint(
+        self,
+        save_dir: str | Path,
+        tag: str | None = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """Save everything needed to resume bit-for-bit under ``save_dir/<tag>`` (default
+        ``global_step<N>``) and, with ``save_latest``, point ``save_dir/latest`` at it (last,
+        so it only ever names a complete checkpoint). Every rank must call this.
+
+        ``exclude_frozen_parameters`` is accepted and changes nothing (frozen parameters are
+        kept, so the checkpoint always resumes exactly).
+        """
+        del exclude_frozen_parameters
+        checkpoint.save(self, save_dir, tag, dict(client_state or {}), save_latest)
+        return True
+
+    def load_checkpoint(
+        self,
+        load_dir: str | Path,
+        tag: str | None = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        custom_load_fn: Any = None,
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """Restore a checkpoint (``tag``, else the one ``load_dir/latest`` names); returns
+        ``(path, client_state)``, or ``(None, None)`` when there is none yet.
+
+        A checkpoint of another world size, stage or bucket layout is re-sharded.
+
+        Raises:
+            CheckpointError: it is missing or incomplete, or was saved with another precision,
+                optimizer or set of trained parameters.
+        """
+        del load_module_strict  # always strict: a partial load would not resume exactly
+        if custom_load_fn is not None:
+            raise ValueError("load_checkpoint(custom_load_fn=...) is not supported")
+        return checkpoint.load(
+            self,
+            load_dir,
+            tag,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
+        )
 
     # --- consolidated weights -------------------------------------------------------------
 
@@ -433,6 +571,18 @@ class ZeroEngine(nn.Module):
         self.master.reload()
         if self.stage3 is not None:
             self.stage3.invalidate()
+
+
+def engines_owning(
+    params: Sequence[nn.Parameter],
+) -> list[tuple[ZeroEngine, list[nn.Parameter]]]:
+    """The live engines that train any of ``params``, each with its own of them."""
+    found = []
+    for engine in list(_ENGINES):
+        own = [p for p in params if engine.owns(p)]
+        if own:
+            found.append((engine, own))
+    return found
 
 
 def _param_groups(
@@ -477,27 +627,48 @@ def _claim(params: list[torch.Tensor], group: int, group_of: dict[int, int]) -> 
 
 
 def initialize(
-    model: nn.Module | None = None,
-    model_parameters: Iterable[Any] | None = None,
-    config: str | Path | dict[str, Any] | Config | None = None,
-    training_data: torch.utils.data.Dataset[Any] | None = None,
-    process_group: dist.ProcessGroup | None = None,
-    device_memory_bytes: int | None = None,
-    *,
     args: Any = None,
+    model: nn.Module | None = None,
     optimizer: Any = None,
+    model_parameters: Iterable[Any] | None = None,
+    training_data: torch.utils.data.Dataset[Any] | None = None,
     lr_scheduler: Any = None,
-    config_params: str | Path | dict[str, Any] | Config | None = None,
+    distributed_port: int | None = None,
+    mpu: Any = None,
     dist_init_required: bool | None = None,
     collate_fn: Any = None,
+    config: ConfigSource | None = None,
+    mesh_param: Any = None,
+    config_params: ConfigSource | None = None,
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    device_memory_bytes: int | None = None,
 ) -> tuple[ZeroEngine, torch.optim.Optimizer, torch.utils.data.DataLoader[Any] | None, Any]:
-    """Wrap ``model`` for ZeRO training, as ``deepspeed.initialize`` does.
+    """Wrap ``model`` for ZeRO training, as ``deepspeed.initialize`` does (same arguments).
 
     Args:
+        args: a script's parsed arguments; ``args.deepspeed_config`` (a path or dict) is the
+            config when neither ``config`` nor ``config_params`` is given.
         model: the model to train.
-        model_parameters: the parameters to train (or param groups); all by default.
-        config: a DeepSpeed config (path, dict or :class:`~autotune.config.Config`).
-        training_data: a dataset; a distributed loader of micro-batches is returned for it.
+        optimizer: a client optimizer instead of the config's ``optimizer`` section: a
+            callable taking param groups (called on this rank's shards), or an instance,
+            rebuilt over the shards from its class, defaults and param groups (it must not
+            have stepped). It is stepped on flat 1-D slices, so it must be elementwise (Adam,
+            AdamW, SGD, Adagrad, RMSprop, ...); Lamb is chosen in the config instead.
+        model_parameters: the parameters to train (or param groups); all by default, or the
+            client optimizer instance's param groups.
+        training_data: a dataset; a loader of micro-batches over a distributed sampler is
+            returned for it.
+        lr_scheduler: a client scheduler instead of the config's ``scheduler``: a callable
+            taking the engine's optimizer, or an instance bound to the client optimizer
+            instance (re-bound to the engine's). The engine steps it after every optimizer
+            step, as DeepSpeed does.
+        distributed_port, dist_init_required: accepted; without a process group one is made
+            from torchrun's environment (see :func:`init_distributed` to make it yourself).
+        mpu, mesh_param: model and sequence parallelism are not supported; must be None.
+        collate_fn: the loader's collate function.
+        config, config_params: a DeepSpeed config (path, dict or
+            :class:`~autotune.config.Config`); either one, or ``args.deepspeed_config``.
         process_group: the ranks to train over; by default the initialised default group,
             else one made from torchrun's environment, else a single process on its own.
         device_memory_bytes: a per-rank memory budget (overrides ``device_memory_bytes`` in
@@ -506,42 +677,51 @@ def initialize(
     Returns:
         ``(engine, optimizer, dataloader, lr_scheduler)``.
 
+    Raises:
+        ConfigError: no config, two different ones, an invalid one, or an optimizer or
+            scheduler given both in the config and as an argument.
+
     Example:
         >>> engine, optimizer, _, _ = initialize(model=net, config={
         ...     "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}})
         >>> loss = engine(batch); engine.backward(loss); engine.step()
     """
-    del args, dist_init_required  # accepted for DeepSpeed compatibility
+    del distributed_port, dist_init_required
     if model is None:
         raise ValueError("initialize() needs a model")
-    if optimizer is not None or lr_scheduler is not None:
+    if mpu is not None or mesh_param is not None:
         raise ValueError(
-            "the built-in engine builds its optimizer and scheduler from the "
-            "config; pass them there (optimizer, scheduler)"
+            "initialize(mpu=..., mesh_param=...): model and sequence parallelism are not "
+            "supported by the engine (data parallelism only)"
         )
-    source = config if config is not None else config_params
+    source = config_source(args, config, config_params)
     observer = hooks.current()
     if observer is not None:  # script mode: the experiment's config replaces the script's
         source = observer.configure(source)
     if source is None:
-        raise ConfigError("", "initialize() needs a config")
+        raise ConfigError(
+            "",
+            "initialize() needs a config: pass config=... (a path or dict) or set "
+            "args.deepspeed_config (--deepspeed_config with add_config_arguments)",
+        )
     group = resolve_group(process_group)
     world_size = dist.get_world_size(group) if group is not None else 1
     if isinstance(source, Config):
         loaded = source if source.world_size == world_size else load_config(source, world_size)
     else:
         loaded = load_config(source, world_size=world_size)
-    engine = ZeroEngine(model, loaded, group, model_parameters, device_memory_bytes)
+    _check_client_parts(loaded, optimizer, lr_scheduler)
+    model_parameters, factory = _client_optimizer(optimizer, model_parameters)
+    engine = ZeroEngine(model, loaded, group, model_parameters, device_memory_bytes, factory)
+    if lr_scheduler is not None:
+        engine.lr_scheduler = _client_scheduler(lr_scheduler, engine.optimizer, optimizer)
     if observer is not None:
         observer.on_engine(engine)
     loader = None
     if training_data is not None:
-        sampler: torch.utils.data.Sampler[Any] | None = (
-            torch.utils.data.DistributedSampler(
-                training_data, num_replicas=world_size, rank=engine.comm.rank
-            )
-            if world_size > 1
-            else None
+        # Always a DistributedSampler, as DeepSpeed's loader: scripts call set_epoch on it.
+        sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(
+            training_data, num_replicas=world_size, rank=engine.comm.rank
         )
         loader = torch.utils.data.DataLoader(
             training_data,
@@ -551,3 +731,103 @@ def initialize(
             drop_last=loaded.dataloader_drop_last,
         )
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _check_client_parts(config: Config, optimizer: Any, lr_scheduler: Any) -> None:
+    """An optimizer or scheduler given twice is ambiguous: refuse it rather than pick one."""
+    if optimizer is not None and config.optimizer is not None:
+        raise ConfigError(
+            "optimizer",
+            "given both in the config and as initialize(optimizer=...); keep one",
+        )
+    if lr_scheduler is not None and config.scheduler is not None:
+        raise ConfigError(
+            "scheduler",
+            "given both in the config and as initialize(lr_scheduler=...); keep one",
+        )
+
+
+def _client_optimizer(
+    optimizer: Any, model_parameters: Iterable[Any] | None
+) -> tuple[Iterable[Any] | None, OptimizerFactory | None]:
+    """The parameters to train and how to build the optimizer over the engine's shards.
+
+    A ZeRO rank steps only its shard, never the model's parameters, so a client optimizer
+    instance cannot be used as it is: it is built again, from its class and defaults, over
+    the shards, with its param groups' options (learning rates a scheduler already set
+    included). Its param groups say what is trained.
+    """
+    if optimizer is None:
+        return model_parameters, None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        if not callable(optimizer):
+            raise TypeError(
+                "initialize(optimizer=...) takes a torch.optim.Optimizer or a callable "
+                f"building one from param groups, got {type(optimizer).__name__}"
+            )
+        return model_parameters, optimizer
+    if any(optimizer.state.values()):
+        raise ValueError(
+            f"initialize(optimizer=...): this {type(optimizer).__name__} has already stepped "
+            "and its state cannot be carried onto the engine's shards; pass a fresh one"
+        )
+    cls, defaults = type(optimizer), _constructor_options(type(optimizer), optimizer.defaults)
+    groups = [dict(group) for group in optimizer.param_groups]
+
+    def rebuild(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        try:
+            return cls(param_groups, **defaults)
+        except TypeError as err:
+            raise ValueError(
+                f"initialize(optimizer=...): cannot build {cls.__name__} again over the "
+                f"engine's shards from its defaults ({err}); pass a callable instead, e.g. "
+                f"optimizer=lambda params: {cls.__name__}(params, lr=...)"
+            ) from None
+
+    return groups, rebuild
+
+
+def _constructor_options(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The defaults ``cls`` takes as arguments (some record derived ones, e.g. AdamW's
+    ``decoupled_weight_decay``); each param group carries all of them anyway."""
+    parameters = inspect.signature(cls).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return dict(defaults)
+    names = {p.name for p in parameters}
+    return {k: v for k, v in defaults.items() if k in names}
+
+
+def _client_scheduler(
+    lr_scheduler: Any, engine_optimizer: torch.optim.Optimizer, client_optimizer: Any
+) -> Any:
+    """The client's scheduler, driving the engine's optimizer."""
+    bound = getattr(lr_scheduler, "optimizer", None)
+    if bound is None:
+        if not callable(lr_scheduler):
+            raise TypeError(
+                "initialize(lr_scheduler=...) takes a scheduler or a callable building one "
+                f"from the optimizer, got {type(lr_scheduler).__name__}"
+            )
+        return lr_scheduler(engine_optimizer)
+    if bound is engine_optimizer:
+        return lr_scheduler
+    if bound is not client_optimizer or not isinstance(client_optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            "initialize(lr_scheduler=...) is bound to an optimizer the engine does not step; "
+            "pass a callable instead, e.g. lr_scheduler=lambda opt: LambdaLR(opt, ...)"
+        )
+    return _rebind(lr_scheduler, engine_optimizer)
+
+
+def _rebind(scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """A copy of ``scheduler`` (and the schedulers it chains) stepping ``optimizer``.
+
+    Its progress (last_epoch, base rates) is kept; the learning rates it already set live in
+    the param group options the engine's optimizer was built with.
+    """
+    rebound = copy.copy(scheduler)
+    rebound.optimizer = optimizer
+    children = getattr(scheduler, "_schedulers", None)
+    if isinstance(children, list):
+        rebound._schedulers = [_rebind(child, optimizer) for child in children]
+    return rebound

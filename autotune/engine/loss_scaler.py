@@ -18,6 +18,12 @@ class LossScaler:
     def update(self, overflow: bool) -> None:
         """Called once per optimizer step; a fixed scale ignores overflows."""
 
+    def state_dict(self) -> dict[str, float | int]:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.scale = float(state["scale"])
+
 
 class DynamicLossScaler(LossScaler):
     """DeepSpeed's dynamic loss scaler.
@@ -73,6 +79,12 @@ class DynamicLossScaler(LossScaler):
             "iteration": self._iteration,
             "last_overflow_iteration": self._last_overflow_iteration,
         }
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        super().load_state_dict(state)
+        self.hysteresis_left = int(state["hysteresis_left"])
+        self._iteration = int(state["iteration"])
+        self._last_overflow_iteration = int(state["last_overflow_iteration"])
 
 
 def build_loss_scaler(fp16: FP16Config) -> LossScaler:

@@ -15,7 +15,7 @@ weight decay on norms and biases, a lower learning rate for embeddings, ...).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from torch import nn
 from autotune.config import OptimizerConfig
 from autotune.engine.memory import MemoryTracker, tensor_bytes
 from autotune.engine.optimizers import Lamb, SumOverRanks, build_optimizer, needs_whole_tensors
+
+OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class MasterParams:
         sub_group_numel: the largest tensor the optimizer steps at once.
         sum_over_ranks: sums a small tensor over the ranks that share parameters (None when
             this rank owns whole parameters): for optimizers with per-parameter norms.
+        optimizer_factory: builds the optimizer from the param groups over the owned pieces
+            instead of ``config`` (a client optimizer passed to ``initialize``).
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class MasterParams:
         offload: bool,
         sub_group_numel: int,
         sum_over_ranks: SumOverRanks | None = None,
+        optimizer_factory: OptimizerFactory | None = None,
     ) -> None:
         self.owned, self.owned_grads = list(owned), list(owned_grads)
         self.tracker, self.offload = tracker, offload
@@ -97,7 +102,20 @@ class MasterParams:
             {**options, "params": params}
             for options, params in zip(groups.options, members, strict=True)
         ]
-        self.optimizer = build_optimizer(config, param_groups)
+        if optimizer_factory is None:
+            self.optimizer = build_optimizer(config, param_groups)
+        else:
+            self.optimizer = optimizer_factory(param_groups)
+            if not isinstance(self.optimizer, torch.optim.Optimizer):
+                raise TypeError(
+                    "initialize(optimizer=...) must build a torch.optim.Optimizer, got "
+                    f"{type(self.optimizer).__name__}"
+                )
+            if isinstance(self.optimizer, Lamb):
+                raise ValueError(
+                    "Lamb needs whole parameters per tensor; choose it in the config "
+                    '("optimizer": {"type": "Lamb"}) rather than as initialize(optimizer=...)'
+                )
         # An optimizer with per-parameter norms steps over all pieces at once: its norms span
         # them (and it may talk to the other ranks, which must then all be in the same step).
         self._step_whole = whole_tensors

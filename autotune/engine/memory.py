@@ -85,6 +85,7 @@ class MemoryTracker:
         self.current: Counter[str] = Counter()
         self.host: Counter[str] = Counter()
         self.peak_accounted = 0
+        self.peak_by_kind: Counter[str] = Counter()  # e.g. the most activations held at once
         self._total = 0
         # The allocator's peak is per process: without a reset, an engine built in a warm
         # process (a Ray actor, after an earlier or out-of-memory experiment) would report,
@@ -94,6 +95,8 @@ class MemoryTracker:
     def add(self, kind: str, nbytes: int) -> None:
         """Account ``nbytes`` more (or fewer, when negative) device bytes of ``kind``."""
         self.current[kind] += nbytes
+        if nbytes > 0:
+            self.peak_by_kind[kind] = max(self.peak_by_kind[kind], self.current[kind])
         self._total += nbytes
         self.peak_accounted = max(self.peak_accounted, self._total)
 

@@ -286,17 +286,22 @@ class Stage3Params:
             self._release(index)
         self.gather_persistent()
 
+    def units_of(self, params: Sequence[nn.Parameter]) -> list[int]:
+        """The units holding ``params`` (each once, in layout order)."""
+        return sorted({self._unit_of_param[p] for p in params if p in self._unit_of_param})
+
     @contextmanager
-    def gathered(self) -> Iterator[None]:
-        """Every parameter whole for the duration (e.g. to save a state dict)."""
-        for index in range(len(self.units)):
+    def gathered(self, units: Sequence[int] | None = None) -> Iterator[None]:
+        """Every parameter (or those of ``units``) whole for the duration."""
+        chosen = range(len(self.units)) if units is None else units
+        for index in chosen:
             self._start_gather(index)
             self._wait(index)
         try:
             yield
         finally:
-            for index, unit in enumerate(self.units):
-                if not unit.persistent:
+            for index in chosen:
+                if not self.units[index].persistent:
                     self._release(index)
 
     @torch.no_grad()

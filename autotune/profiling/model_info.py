@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.experiment import Metrics
 from autotune.profiling.flops import flops_per_micro_batch
 from autotune.workloads import Workload
 
@@ -26,6 +27,24 @@ class ModelInfo:
     micro-batches of 1 and 2, so parts that do not grow with the batch are left out)."""
     flops_per_sample: float
     """FLOPs of forward + backward per sample (see ``flops_per_micro_batch``)."""
+
+    @classmethod
+    def from_metrics(cls, metrics: Metrics | None, world_size: int) -> ModelInfo | None:
+        """The model's info as an experiment of a user's script measured it, or None if it
+        did not (a workload experiment, or a failed one).
+
+        A script's model is only seen once it trains, so the first experiment that finishes
+        tells the tuner what a workload's tells it up front.
+        """
+        if metrics is None or metrics.num_params is None:
+            return None
+        samples_per_rank = metrics.train_batch_size / world_size
+        return cls(
+            num_params=metrics.num_params,
+            param_bytes=metrics.param_bytes or 4 * metrics.num_params,
+            activation_bytes_per_sample=metrics.activation_bytes_per_sample or 0,
+            flops_per_sample=metrics.flops_per_step / samples_per_rank,
+        )
 
 
 def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:

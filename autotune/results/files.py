@@ -5,20 +5,27 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file, fsync and rename."""
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary handle whose contents replace ``path`` only once the block finishes.
+
+    Written to a temporary file in the same folder, fsynced, renamed over ``path`` and the
+    folder fsynced; an exception (or a kill) leaves ``path`` as it was.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     # os.open with 0o666 honours the umask (mkstemp would leave the file private to us).
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
@@ -26,6 +33,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(target.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file, fsync and rename."""
+    with atomic_writer(path) as handle:
+        handle.write(text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:

@@ -23,8 +23,10 @@ def load_results(path: str | Path) -> pd.DataFrame:
     Columns: ``name``, ``status``, ``zero_stage``, ``micro_batch_size``,
     ``gradient_accumulation_steps``, ``train_batch_size``, ``latency`` (s/step), ``throughput``
     (samples/s), ``flops`` (FLOP/s per rank), ``peak_memory_bytes``, ``latency_spread``,
-    ``error``, ``started_at``, ``duration_s``, ``overhead_s``, ``repeat_of``, plus every tuned
-    knob flattened under its dotted key (``zero_optimization.reduce_bucket_size``, ...).
+    ``error``, ``started_at`` (UTC), ``duration_s``, ``overhead_s``, ``node_ids`` (where each
+    rank ran: with ``started_at`` and ``duration_s``, which experiments overlapped where),
+    ``repeat_of``, plus every tuned knob flattened under its dotted key
+    (``zero_optimization.reduce_bucket_size``, ...).
 
     Raises:
         ResultsDirError: ``path`` is not a results directory.
@@ -62,6 +64,7 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
         "started_at": record.get("started_at"),
         "duration_s": timings.get("total_s"),
         "overhead_s": Timings(**timings).overhead_s if "total_s" in timings else None,
+        "node_ids": tuple(record.get("node_ids") or ()),
         "repeat_of": record.get("repeat_of"),
     }
     for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):

@@ -5,7 +5,7 @@ Layout::
     results_dir/
       fingerprint.json          what was tuned (workload, args, world size, base config, versions)
       experiments.jsonl         one line per finished experiment, any status, append-only
-      exps/<name>/ds_config.json, spec.json, metrics.json, error.txt (first failing rank)
+      exps/<name>/ds_config.json, spec.json, started.json, metrics.json, error.txt
       ds_config_optimal.json    the best config, ready to train with
       summary.json, summary.txt
       study.db                  the model-based tuner's Optuna study
@@ -33,6 +33,7 @@ SUMMARY_NAME = "summary.json"
 SUMMARY_TEXT_NAME = "summary.txt"
 STUDY_NAME = "study.db"
 EXPS_DIR = "exps"
+STARTED_NAME = "started.json"
 
 
 class ResultsDirError(ValueError):
@@ -131,13 +132,29 @@ class ResultsDir:
     def experiment_dir(self, name: str) -> Path:
         return self.path / EXPS_DIR / name
 
-    def start(self, spec: ExperimentSpec) -> Path:
-        """Prepare an experiment's folder (its config) before it runs; returns the folder."""
+    def start(self, spec: ExperimentSpec, started: Mapping[str, Any] | None = None) -> Path:
+        """Prepare an experiment's folder (its config) before it runs; returns the folder.
+
+        ``started`` is kept as ``started.json`` for :meth:`unfinished` (the tuning loop keeps
+        the order experiments were proposed in it).
+        """
         folder = self.experiment_dir(spec.name)
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(folder / "ds_config.json", dict(spec.ds_config))
         atomic_write_json(folder / "spec.json", spec.to_dict())
+        if started is not None:
+            atomic_write_json(folder / STARTED_NAME, dict(started))
         return folder
+
+    def unfinished(self) -> dict[str, dict[str, Any]]:
+        """Experiments started (with ``started``) but never recorded: running when a run was
+        interrupted. By name, what was given to :meth:`start`."""
+        finished = self.finished_names()
+        found = {}
+        for path in sorted((self.path / EXPS_DIR).glob(f"*/{STARTED_NAME}")):
+            if path.parent.name not in finished:
+                found[path.parent.name] = json.loads(path.read_text(encoding="utf-8"))
+        return found
 
     def record(
         self, spec: ExperimentSpec, result: ExperimentResult, extra: Mapping[str, Any] | None = None

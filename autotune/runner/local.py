@@ -36,7 +36,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 class LocalRunner:

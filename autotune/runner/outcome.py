@@ -97,9 +97,7 @@ def combine_outcomes(
         )
     metrics = Metrics.from_dict(lead.metrics)
     peak = max(int((o.metrics or {}).get("peak_memory_bytes", 0)) for o in ordered)
-    metrics = Metrics.from_window(
-        metrics.step_times_s, metrics.train_batch_size, metrics.flops_per_step, peak
-    )
+    metrics = replace(metrics, peak_memory_bytes=peak)
     return ExperimentResult(
         name=name,
         status=Status.ok,

@@ -65,14 +65,20 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
     outcome = RankOutcome(rank=rank, status=Status.ok)
     try:
         device = _device_for(rank)
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            init_method=init_method,
-            rank=rank,
-            world_size=spec.world_size,
-            timeout=timedelta(seconds=max(spec.timeout_s, 1.0)),
-        )
-        outcome = _profiled_run(spec, rank, device, started)
+        if spec.script is not None:
+            from autotune.runner.script import run_script
+
+            # The script makes its process group itself (env://), as under torchrun.
+            outcome = run_script(spec, rank, init_method, device, started)
+        else:
+            dist.init_process_group(
+                backend="nccl" if device.type == "cuda" else "gloo",
+                init_method=init_method,
+                rank=rank,
+                world_size=spec.world_size,
+                timeout=timedelta(seconds=max(spec.timeout_s, 1.0)),
+            )
+            outcome = _profiled_run(spec, rank, device, started)
     except BaseException as exc:  # a failed experiment is data, never a crash
         outcome = failure_outcome(rank, exc)
         if isinstance(exc, KeyboardInterrupt):

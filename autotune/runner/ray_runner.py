@@ -1,18 +1,22 @@
 """Run experiments on a warm pool of Ray actors: one actor per rank, placed as a gang.
 
-Each experiment gets ``world_size`` actors ("a gang") held together by a placement group
-(PACK, or SPREAD when asked). The gang outlives the experiment: torch is imported once, and
-the next experiment with the same shape reuses it, paying only for a fresh process group on a
-free port of the rank-0 node, its workload and its steps. Independent experiments run side by
-side while the cluster has room for their gangs.
+Each experiment gets ``world_size`` actors ("a gang") held together by a placement group:
+STRICT_PACK (one node) where a node can hold the whole gang, SPREAD only when the world size
+needs several nodes, or the strategy asked for. A placement group's bundles are exclusive, so
+two experiments running side by side never share a GPU or a CPU slot. The gang outlives the
+experiment: torch is imported once, and the next experiment with the same shape reuses it,
+paying only for a fresh process group on a free port of the rank-0 node, its workload and its
+steps. Independent experiments run side by side while the cluster has room for their gangs
+(:meth:`RayRunner.submit` / :meth:`RayRunner.wait`; :meth:`RayRunner.capacity` says how many).
 
 Failure isolation, mirroring :mod:`autotune.runner.local`:
 
 - OOM or an exception on a rank: ``run_rank`` tears its process group down, every rank
   reports, the result carries the status, and the gang stays warm.
 - A hang: the experiment is cut at ``spec.timeout_s``; its actors are killed and replaced.
-- An actor that dies (kill -9, segfault): status ``error`` naming the death; the gang is
-  replaced. Ray's death report cannot tell the kernel's OOM killer from other causes.
+- An actor that dies (kill -9, segfault, its node leaving the cluster): status ``error``
+  naming the death; the gang is replaced. Only the experiment on that gang fails; the others
+  running keep going. Ray's death report cannot tell the kernel's OOM killer from other causes.
 - An actor killed by Ray's memory monitor: status ``oom``; the gang is replaced.
 - More GPUs per experiment than the cluster has at all: a ``ConfigError`` before the first
   experiment, as no experiment of that world size could ever be placed.
@@ -131,10 +135,11 @@ class _DriverPaths:
 class _RankActor:
     """One rank's warm process. Decorated with ``ray.remote`` below."""
 
-    def __init__(self, rank_fn: RankFn, num_threads: int) -> None:
-        import torch  # the import a fresh launch pays every time, paid once here
+    def __init__(self, rank_fn: RankFn, num_threads: int, preload_torch: bool = True) -> None:
+        if preload_torch:
+            import torch  # the import a fresh launch pays every time, paid once here
 
-        torch.set_num_threads(num_threads)
+            torch.set_num_threads(num_threads)
         self._rank_fn = rank_fn
         gc.freeze()
 
@@ -198,6 +203,7 @@ class _Gang:
         rank_fn: RankFn,
         strategy: Strategy,
         env_vars: Mapping[str, str],
+        preload_torch: bool = True,
     ) -> None:
         self.shape = shape
         self.created = time.monotonic()
@@ -217,7 +223,7 @@ class _Gang:
                     self.group, placement_group_bundle_index=rank
                 ),
                 runtime_env={"env_vars": dict(env_vars)},
-            ).remote(rank_fn, shape.cpus_per_rank)
+            ).remote(rank_fn, shape.cpus_per_rank, preload_torch)
             for rank in range(shape.world_size)
         ]
 
@@ -333,7 +339,12 @@ class _Running:
         try:
             outcome: RankOutcome = ray.get(future)
             return outcome
-        except (ray.exceptions.ActorDiedError, ray.exceptions.OutOfMemoryError) as exc:
+        except (
+            ray.exceptions.ActorDiedError,
+            # Unreachable, e.g. its node left the cluster; with no restarts it never returns.
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.OutOfMemoryError,
+        ) as exc:
             self.gang_broken = True
             return self._actor_lost(rank, exc)
         except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
@@ -353,7 +364,9 @@ class _Running:
             peer_failure = False
         else:
             status = Status.error
-            error = f"RankDied: rank {rank} actor died during the experiment ({_death_cause(exc)})"
+            unreachable = isinstance(exc, ray.exceptions.ActorUnavailableError)
+            how = "became unreachable (its node may have left)" if unreachable else "died"
+            error = f"RankDied: rank {rank} actor {how} during the experiment ({_death_cause(exc)})"
             # Only the rank whose own actor died is a cause; a rank that merely waited for
             # rank 0's address reports rank 0's death.
             peer_failure = getattr(exc, "actor_id", None) != self._actor_id(rank)
@@ -399,9 +412,12 @@ class RayRunner:
             before anything runs (0 runs ranks without GPUs).
         resources_per_rank: custom Ray resources each rank actor needs, e.g. to pin ranks to
             labelled nodes (``{"node_a": 0.5}``).
-        strategy: ``PACK`` keeps an experiment's ranks on as few nodes as possible;
-            ``SPREAD`` puts them on different nodes when it can (``STRICT_`` variants: always).
+        strategy: how a gang's ranks are placed; default STRICT_PACK (all on one node) where
+            a node can hold the gang and SPREAD where the world size needs several nodes.
+            ``PACK`` / ``SPREAD`` / ``STRICT_SPREAD`` force Ray's strategy of that name.
         rank_fn: what each rank runs; tests inject stand-ins for ``run_rank``.
+        preload_torch: import torch as a rank actor starts, before its first experiment
+            (a stand-in ``rank_fn`` that never uses torch skips the import's seconds).
         quiet: keep the actors' logs out of the driver's terminal (failures still come back
             in the results).
     """
@@ -413,8 +429,9 @@ class RayRunner:
         num_cpus: int | None = None,
         gpus_per_rank: float | None = None,
         resources_per_rank: Mapping[str, float] | None = None,
-        strategy: Strategy = "PACK",
+        strategy: Strategy | None = None,
         rank_fn: RankFn = run_rank,
+        preload_torch: bool = True,
         quiet: bool = True,
     ) -> None:
         self._owns_ray = _connect(address, num_cpus, quiet)
@@ -422,10 +439,19 @@ class RayRunner:
             gpus_per_rank = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         self._gpus_per_rank = gpus_per_rank
         self._resources = tuple(sorted((resources_per_rank or {}).items()))
-        self._strategy: Strategy = strategy
+        self._strategy = strategy
         self._rank_fn = rank_fn
+        self._preload_torch = preload_torch
         self._pool = _Pool(self._make_gang)
+        self._queued: deque[ExperimentSpec] = deque()
+        self._running: list[_Running] = []
+        self._waiting_since = time.perf_counter()
         self._closed = False
+
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether rank actors hold GPUs (else they share the nodes' cores)."""
+        return self._gpus_per_rank > 0
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
         """Run ``spec`` and return its result; never raises for a failed experiment.
@@ -446,39 +472,73 @@ class RayRunner:
             ConfigError: before any experiment starts, if the cluster has too few GPUs for the
                 world size of one of ``specs``.
         """
-        if self._closed:
-            raise RuntimeError("this RayRunner is closed")
-        pending = deque(specs)
-        if self._gpus_per_rank:
-            cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
-            for world_size in sorted({spec.world_size for spec in pending}):
-                check_gpus_fit(world_size, self._gpus_per_rank, cluster_gpus)
-        running: list[_Running] = []
-        waiting_since = time.perf_counter()
+        specs = list(specs)
+        for world_size in sorted({spec.world_size for spec in specs}):
+            self._check_gpus_fit(world_size)
+        for spec in specs:
+            self.submit(spec)
         finished = False
         try:
-            while pending or running:
-                while pending:
-                    refusal = self._unplaceable(pending[0], running, waiting_since)
-                    if refusal is not None:
-                        yield refusal
-                        pending.popleft()
-                        waiting_since = time.perf_counter()
-                        continue
-                    gang = self._pool.take(self._shape(pending[0]))
-                    if gang is None:
-                        break
-                    running.append(_Running(pending.popleft(), gang, _DriverPaths.capture()))
-                    waiting_since = time.perf_counter()
-                ready = set(self._wait(running, idle=bool(pending)))
-                for experiment in [e for e in running if e.poll(ready)]:
-                    running.remove(experiment)
-                    yield self._finish(experiment)
+            while self._queued or self._running:
+                yield from self.wait()
             finished = True
         finally:
             if not finished:
-                for experiment in running:
-                    self._pool.discard(experiment.gang, replace_it=False)
+                self.cancel()
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        """Queue ``spec``; it starts, in submission order, as soon as its gang is placed.
+
+        Its result comes back from :meth:`wait`. Submit at most :meth:`capacity` at once to
+        have every one start at once.
+
+        Raises:
+            ConfigError: the cluster has too few GPUs for ``spec.world_size`` ranks.
+        """
+        if self._closed:
+            raise RuntimeError("this RayRunner is closed")
+        self._check_gpus_fit(spec.world_size)
+        if not self._queued:
+            self._waiting_since = time.perf_counter()
+        self._queued.append(spec)
+
+    def wait(self) -> list[ExperimentResult]:
+        """Start what fits, then block until at least one submitted experiment finishes;
+        its result, with any others finished by then (empty once nothing is submitted)."""
+        results: list[ExperimentResult] = []
+        while not results and (self._queued or self._running):
+            results += self._start_queued()
+            ready = set(self._wait(self._running, idle=bool(self._queued)))
+            for experiment in [e for e in self._running if e.poll(ready)]:
+                self._running.remove(experiment)
+                results.append(self._finish(experiment))
+        return results
+
+    def running(self) -> list[str]:
+        """Names of the experiments running now (placed and started)."""
+        return [e.spec.name for e in self._running]
+
+    def cancel(self) -> None:
+        """Stop every submitted experiment: queued ones are dropped, running ones killed
+        with their gangs (placement groups released). Their results are never reported."""
+        self._queued.clear()
+        for experiment in self._running:
+            self._pool.discard(experiment.gang, replace_it=False)
+        self._running.clear()
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        """How many experiments of ``world_size`` ranks the live nodes hold at once, each
+        gang with resources of its own (0: not even one).
+
+        Raises:
+            ConfigError: the cluster has too few GPUs for ``world_size`` ranks at all.
+        """
+        self._check_gpus_fit(world_size)
+        shape = GangShape(world_size, cpus_per_rank, self._gpus_per_rank, self._resources)
+        per_node = _ranks_per_node(shape)
+        if self._strategy_for(shape, per_node) == "STRICT_PACK":
+            return sum(n // shape.world_size for n in per_node)
+        return sum(per_node) // shape.world_size
 
     def actors(self) -> list[ActorInfo]:
         """The idle warm actors, with their memory and threads (busy and dead ones are
@@ -503,6 +563,8 @@ class RayRunner:
         if self._closed:
             return
         self._closed = True
+        self._queued.clear()
+        self._running.clear()
         self._pool.close()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
@@ -521,6 +583,37 @@ class RayRunner:
     def _shape(self, spec: ExperimentSpec) -> GangShape:
         return GangShape(spec.world_size, spec.cpus_per_rank, self._gpus_per_rank, self._resources)
 
+    def _check_gpus_fit(self, world_size: int) -> None:
+        if self._gpus_per_rank:
+            cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
+            check_gpus_fit(world_size, self._gpus_per_rank, cluster_gpus)
+
+    def _start_queued(self) -> list[ExperimentResult]:
+        """Start queued experiments, in order, while their gangs can be placed; the results
+        of those that never can be."""
+        refusals = []
+        while self._queued:
+            spec = self._queued[0]
+            refusal = self._unplaceable(spec, self._running, self._waiting_since)
+            if refusal is None:
+                gang = self._pool.take(self._shape(spec))
+                if gang is None:
+                    break
+                self._running.append(_Running(spec, gang, _DriverPaths.capture()))
+            else:
+                refusals.append(refusal)
+            self._queued.popleft()
+            self._waiting_since = time.perf_counter()
+        return refusals
+
+    def _strategy_for(self, shape: GangShape, ranks_per_node: list[int] | None = None) -> Strategy:
+        """The asked strategy, else one node for the whole gang where a node can hold it."""
+        if self._strategy is not None:
+            return self._strategy
+        if ranks_per_node is None:
+            ranks_per_node = _ranks_per_node(shape)
+        return "STRICT_PACK" if max(ranks_per_node, default=0) >= shape.world_size else "SPREAD"
+
     def _make_gang(self, shape: GangShape) -> _Gang:
         threads = str(shape.cpus_per_rank)
         env_vars = {
@@ -535,7 +628,8 @@ class RayRunner:
             # sharing one GPU fail. Hidden here rather than trusting Ray's defaults for
             # actors that ask for no GPU, which have varied across versions.
             env_vars["CUDA_VISIBLE_DEVICES"] = ""
-        return _Gang(shape, self._rank_fn, self._strategy, env_vars)
+        strategy = self._strategy_for(shape)
+        return _Gang(shape, self._rank_fn, strategy, env_vars, self._preload_torch)
 
     def _finish(self, experiment: _Running) -> ExperimentResult:
         result = experiment.result()
@@ -607,6 +701,18 @@ def check_gpus_fit(world_size: int, gpus_per_rank: float, cluster_gpus: float) -
         f"cluster has {cluster_gpus:g}; use {fewer_ranks}gpus_per_rank=0 (--gpus-per-rank 0) "
         "to run the ranks without GPUs",
     )
+
+
+def _ranks_per_node(shape: GangShape) -> list[int]:
+    """Per live node, how many rank bundles of ``shape`` its resources hold."""
+    bundle = {name: amount for name, amount in shape.bundle().items() if amount > 0}
+    return [
+        min(
+            int(node["Resources"].get(name, 0.0) / amount + 1e-6) for name, amount in bundle.items()
+        )
+        for node in ray.nodes()
+        if node.get("Alive")
+    ]
 
 
 def _connect(address: str | None, num_cpus: int | None, quiet: bool) -> bool:

@@ -161,6 +161,9 @@ class OptunaSampler:
                 # On the synthetic landscape (200 seeds) 64 candidates per proposal did at
                 # least as well as the default 24.
                 n_ei_candidates=64,
+                # Experiments in flight count as the worst result so far, so that points
+                # proposed side by side spread out instead of piling onto one promising spot.
+                constant_liar=True,
             )
         self._study = optuna.create_study(
             study_name=study_name,

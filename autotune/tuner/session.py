@@ -21,8 +21,15 @@ Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a ne
 ``tuner_num_trials`` caps the search experiments (re-measurements are extra); once
 ``time_budget_s`` is spent nothing new is proposed.
 
+Several experiments may be in flight at once. ``ask`` then returns None both when the search
+is over and when the next proposal needs a result first (the end of a phase, the next step of
+a micro-batch descent, early stopping that in-flight results may still settle): ``finished``
+tells the two apart. The trial cap and early stopping count experiments in flight, so a run
+with several at once proposes exactly what a one-at-a-time run would (given the same results).
+
 Every decision is derived from the results told so far, so a resumed run re-seeds the tuner by
-telling it the results log, in order, before asking (names identify configurations).
+telling it the results log before asking (names identify configurations), in the order the
+experiments were proposed, with those left unfinished owed in their places (:meth:`Tuner.owe`).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, Metric, TunerType
-from autotune.experiment import ExperimentResult, Status
+from autotune.experiment import ExperimentResult, Status, wall_time_s
 from autotune.tuner.naming import MICRO_BATCH_KEY, STAGE_KEY, repeat_name, split_repeat
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
 from autotune.tuner.samplers import DEFER_BEHIND, Point, Sampler, Subspace, make_sampler
@@ -155,6 +162,8 @@ class Tuner:
         self._entries: dict[str, _Entry] = {}
         self._results: dict[str, ExperimentResult] = {}
         self._order: list[str] = []  # names in the order they were told
+        self._proposed: list[str] = []  # names in the order they were asked (or replayed)
+        self._owed: set[str] = set()  # proposed by an interrupted run, never finished
         self._pending: dict[str, Candidate] = {}
         self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
         self._phase = Phase.max_micro_batch
@@ -165,7 +174,7 @@ class Tuner:
         self._stop_reason = ""
         self._clock = clock
         self._started = clock()
-        self._replayed_s = 0.0
+        self._replayed: list[ExperimentResult] = []
         # Micro-batch runs at the config's own knobs, per variant: size → result.
         self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
         self._size_names = {
@@ -194,8 +203,9 @@ class Tuner:
 
     @property
     def elapsed_s(self) -> float:
-        """Tuning time: this process's, plus the recorded durations of replayed results."""
-        return self._clock() - self._started + self._replayed_s
+        """Tuning time: this process's, plus the wall time replayed results took (their
+        overlapping intervals counted once)."""
+        return self._clock() - self._started + wall_time_s(self._replayed)
 
     def ask(self) -> Candidate | None:
         """The next experiment to run, or None: finished, or waiting for results in flight.
@@ -216,8 +226,24 @@ class Tuner:
             candidate = self._candidate(name)
             if candidate is not None:
                 self._pending[name] = candidate
+                if name in self._owed:  # keeps the place it was first proposed at
+                    self._owed.discard(name)
+                else:
+                    self._proposed.append(name)
                 return candidate
         return None
+
+    def owe(self, name: str) -> None:
+        """Replay an experiment an interrupted run proposed but never finished, in its place
+        among the replayed results (call in the order they were proposed).
+
+        Until it is run again it counts as in flight for early stopping, and its phase
+        proposes it before anything new, so the resumed run decides as the interrupted one
+        would have.
+        """
+        if name not in self._results and name not in self._proposed:
+            self._proposed.append(name)
+            self._owed.add(name)
 
     def tell(self, result: ExperimentResult) -> None:
         """Record a finished experiment of any status.
@@ -229,7 +255,11 @@ class Tuner:
         if result.name in self._results:
             return
         if self._pending.pop(result.name, None) is None:
-            self._replayed_s += result.duration_s
+            self._replayed.append(result)
+            if result.name in self._owed:
+                self._owed.discard(result.name)
+            else:
+                self._proposed.append(result.name)
         self._results[result.name] = result
         self._order.append(result.name)
         entry = self._entry(result.name)
@@ -297,9 +327,15 @@ class Tuner:
             return self._next_probe()
         if self._sampler is None:  # nothing to tune in this phase
             return None
+        # What an interrupted run had running comes first, as it would have finished first.
+        owed = (n for n in self._proposed if n in self._owed and n in self._phase_points)
+        name = next((n for n in owed if self._is_free(n)), None)
+        if name is not None:
+            return name
         patience = self._tuning.tuner_early_stopping
         if self._since_best() >= patience:
-            self._stop_reason = f"no better result in the last {patience} experiments"
+            if not self._pending:  # else results in flight may still bring a new best
+                self._stop_reason = f"no better result in the last {patience} experiments"
             return None
         point = self._sampler.ask(lambda p: self._is_open(self._point_names[p]))
         return self._point_names[point] if point is not None else None
@@ -340,6 +376,22 @@ class Tuner:
         points = Subspace(plan.variant.label, plan.knobs).points()
         random.Random(self._tuning.seed).shuffle(points)
         names = [self._register(plan.variant, size, p.values) for p in points[:FAVOURITE_KNOBS]]
+        # Early stopping holds here too: no better than the variant's micro-batch runs after
+        # ``tuner_early_stopping`` of them (in flight counting as no better) ends the burst.
+        before = [r for r in self._size_runs.get(plan.variant, {}).values() if r.ok]
+        best = max(
+            (score(r.metrics, self._tuning.metric) for r in before if r.metrics), default=None
+        )
+        tried = [n for n in names if not self._is_free(n)]
+        improved = any(
+            (r := self._results.get(n)) is not None
+            and r.ok
+            and r.metrics is not None
+            and (best is None or score(r.metrics, self._tuning.metric) > best)
+            for n in tried
+        )
+        if not improved and len(tried) >= self._tuning.tuner_early_stopping:
+            return None
         return next((n for n in names if self._is_open(n)), None)
 
     def _probe_size(self, plan: VariantPlan) -> int | None:
@@ -591,6 +643,13 @@ class Tuner:
             default=None,
         )
 
+    def _is_largest_fit(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        if entry is None or entry.knobs:
+            return False
+        plan = next(p for p in self._space.plans if p.variant == entry.variant)
+        return self._largest_fit(plan) == entry.micro_batch_size
+
     def _entry(self, name: str) -> _Entry | None:
         """The configuration ``name`` names, registering a micro-batch run told from history."""
         if name not in self._entries and name in self._size_names:
@@ -613,16 +672,37 @@ class Tuner:
         self._stop_reason = f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
         return True
 
+    def _of_a_later_phase(self, name: str) -> bool:
+        """A knob experiment while the micro-batch phase runs: replayed from a run that got
+        further, it must not end or extend the micro-batch search (a resumed run decides each
+        phase on what that phase knew)."""
+        entry = self._entries.get(name)
+        return entry is None or (self._phase is Phase.micro_batch and bool(entry.knobs))
+
     def _since_best(self) -> int:
-        """Experiments of this phase told since the last new best (of any phase)."""
+        """Experiments of this phase since the last new best (of any phase), in the order
+        they were proposed.
+
+        One in flight, and every one proposed after it, counts as no better: an upper bound,
+        exact once nothing is in flight, so that experiments running side by side never go
+        past where a one-at-a-time run would have stopped.
+        """
         best: float | None = None
         since = 0
-        for name in self._search_results():
-            result = self._results[name]
-            value = score(result.metrics, self._tuning.metric) if result.metrics else None
-            if result.ok and value is not None and (best is None or value > best):
+        unsettled = False
+        for name in self._proposed:
+            if split_repeat(name)[1] != 0 or self._of_a_later_phase(name):
+                continue
+            result = self._results.get(name)
+            unsettled = unsettled or result is None
+            value = None
+            if not unsettled and result is not None and result.ok and result.metrics:
+                value = score(result.metrics, self._tuning.metric)
+            if value is not None and (best is None or value > best):
                 best, since = value, 0
-            elif name in self._phase_points:
+            elif name in self._phase_points and not self._is_largest_fit(name):
+                # The largest fit is the micro-batch search's result, run before this phase:
+                # where it falls among other variants' searches depends on what ran beside it.
                 since += 1
         return since
 

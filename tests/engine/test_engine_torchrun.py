@@ -1,7 +1,8 @@
-"""A DeepSpeed-style training loop launched by torchrun on two processes."""
+"""A DeepSpeed training script launched by torchrun on two processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).with_name("ds_train_loop.py")
+HERE = Path(__file__).parent
+RESUME_SCRIPT = HERE / "ds_resume_script.py"
+
+pytestmark = pytest.mark.multirank
 
 
 def _free_port() -> int:
@@ -19,9 +23,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.multirank
-@pytest.mark.parametrize("stage", [1, 3])
-def test_torchrun_training_loop(stage: int) -> None:
+def _torchrun(*script_args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for _attempt in range(3):
         command = [
@@ -34,12 +36,49 @@ def test_torchrun_training_loop(stage: int) -> None:
             "127.0.0.1",
             "--master_port",
             str(_free_port()),
-            str(SCRIPT),
-            str(stage),
+            *script_args,
         ]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
         # The free port can be taken by another process before torchrun binds it.
         if "address already in use" not in (done.stdout + done.stderr).lower():
             break
+    return done
+
+
+def _ds_config(tmp_path: Path, stage: int) -> Path:
+    """A config as DeepSpeedExamples write them, foreign top-level key included."""
+    config = {
+        "train_batch_size": 16,
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 2000,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 4},
+        },
+        "gradient_clipping": 1.0,
+        "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "hysteresis": 2},
+        "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 500},
+        "cuda_visible_devices": 0,
+    }
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_deepspeed_script_resumes_like_an_uninterrupted_run(tmp_path: Path, stage: int) -> None:
+    """Save at step 3, load, continue: the losses are those of a run never stopped. At stage 2
+    the process is killed after saving and a new one resumes (a real restart)."""
+    config = _ds_config(tmp_path, stage)
+    common = ["--deepspeed", "--deepspeed_config", str(config), "--save_dir", str(tmp_path)]
+    if stage != 2:
+        done = _torchrun(str(RESUME_SCRIPT), *common)
+    else:
+        killed = _torchrun(str(RESUME_SCRIPT), *common, "--kill")
+        assert killed.returncode != 0, "the first run was to be killed after saving"
+        assert (tmp_path / "latest").read_text() == "global_step3", killed.stderr
+        done = _torchrun(str(RESUME_SCRIPT), *common, "--resume_only")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(" ok: loss ") == 2
+    assert done.stdout.count(" resume ok: ") == 2, done.stdout + done.stderr

@@ -36,6 +36,7 @@ def make_result(
         error=None if status is Status.ok else "RuntimeError: boom",
         started_at="2026-11-22T00:00:00+00:00",
         timings=Timings(startup_s=1.0, warmup_s=2.0, window_s=3.0, total_s=6.5),
+        node_ids=("node-a", "node-a"),
     )
 
 

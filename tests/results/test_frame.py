@@ -34,6 +34,7 @@ REQUIRED = [
     "error",
     "started_at",
     "duration_s",
+    "node_ids",
     "zero_optimization.reduce_bucket_size",
 ]
 
@@ -58,6 +59,7 @@ def test_one_row_per_experiment_with_the_documented_columns(filled: ResultsDir) 
     assert ok["throughput"] * ok["latency"] == pytest.approx(ok["train_batch_size"])
     assert ok["zero_optimization.reduce_bucket_size"] == 5 * 10**8
     assert ok["duration_s"] == 6.5 and ok["overhead_s"] == pytest.approx(1.5)
+    assert ok["node_ids"] == ("node-a", "node-a")  # where each rank ran
 
 
 def test_not_a_results_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,118 @@
+"""What a DeepSpeed training script calls before and around ``initialize``.
+
+``add_config_arguments`` and ``init_distributed`` are DeepSpeed's; ``config_source`` applies
+DeepSpeed's rule for where the config comes from (``config`` / ``config_params``, else
+``args.deepspeed_config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotune.config import Config, ConfigError
+from autotune.engine.comm import local_cuda_device
+
+ConfigSource = str | Path | dict[str, Any] | Config
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add DeepSpeed's ``--deepspeed`` and ``--deepspeed_config`` options to ``parser``.
+
+    Example:
+        >>> parser = add_config_arguments(argparse.ArgumentParser())
+        >>> parser.parse_args(["--deepspeed_config", "ds.json"]).deepspeed_config
+        'ds.json'
+    """
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (kept for scripts that check it; the engine is always on)",
+    )
+    group.add_argument(
+        "--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file."
+    )
+    return parser
+
+
+def config_source(
+    args: Any, config: ConfigSource | None, config_params: ConfigSource | None
+) -> ConfigSource | None:
+    """The config ``initialize`` was given, by DeepSpeed's precedence; None if none was.
+
+    ``config`` and ``config_params`` are the same argument under two names; either one wins
+    over ``args.deepspeed_config``. Two different configs are an error, never a silent choice.
+    """
+    if config is not None and config_params is not None and not _same(config, config_params):
+        raise ConfigError("", "initialize() got both config and config_params; pass one")
+    explicit = config if config is not None else config_params
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if explicit is not None and from_args is not None and not _same(explicit, from_args):
+        raise ConfigError(
+            "",
+            f"initialize() got a config and args.deepspeed_config={from_args!r} that differ; "
+            "pass one (DeepSpeed refuses both as well)",
+        )
+    return explicit if explicit is not None else from_args
+
+
+def _same(a: ConfigSource, b: ConfigSource) -> bool:
+    if isinstance(a, str | Path) and isinstance(b, str | Path):
+        return os.path.realpath(a) == os.path.realpath(b)
+    return a is b or (isinstance(a, dict) and isinstance(b, dict) and a == b)
+
+
+def init_distributed(
+    dist_backend: str | None = None,
+    auto_mpi_discovery: bool = True,
+    distributed_port: int | None = None,
+    verbose: bool = True,
+    timeout: timedelta | None = None,
+    init_method: str | None = None,
+    dist_init_required: bool | None = None,
+    config: Any = None,
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
+    """Create the default process group, as ``deepspeed.init_distributed`` does.
+
+    Idempotent: an existing group is kept. Without ``init_method`` the group is made from
+    torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); a lone
+    process with none of it becomes a world of one on ``127.0.0.1``. The backend defaults to
+    nccl with CUDA, else gloo. ``auto_mpi_discovery``, ``verbose`` and ``config`` are accepted
+    for compatibility and change nothing.
+    """
+    del auto_mpi_discovery, verbose, config
+    if dist_init_required is False or dist.is_initialized():
+        return
+    backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    kwargs: dict[str, Any] = {}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if rank >= 0 and world_size > 0:
+        kwargs.update(rank=rank, world_size=world_size)
+    elif "RANK" not in os.environ:  # a lone process, as DeepSpeed's single-process fallback
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(distributed_port or _free_port()))
+        kwargs.update(rank=0, world_size=1)
+    elif distributed_port is not None:
+        os.environ.setdefault("MASTER_PORT", str(distributed_port))
+    if backend == "nccl":
+        local_cuda_device()  # before the group: NCCL binds to the current device
+    dist.init_process_group(backend, init_method=init_method or "env://", **kwargs)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

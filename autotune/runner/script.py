@@ -1,0 +1,333 @@
+"""Script mode, rank side: run the user's training script as one rank of an experiment.
+
+The script runs in this (possibly warm) process through ``runpy``, as ``torchrun`` would run it:
+``sys.argv`` set (with ``autotuning.arg_mappings`` applied), torchrun's environment variables
+set, and ``import deepspeed`` resolving to autotune. A :class:`ScriptObserver` installed on the
+engine's hooks gives ``initialize()`` the experiment's config, times the profile window at
+optimizer-step boundaries, counts one step's FLOPs, and then ends the script's run by raising
+:class:`WindowDone` from inside ``engine.step()``.
+
+Everything the script may change in the process is put back afterwards (environment, argv,
+import path, working directory, stdout/stderr, logging handlers, the ``deepspeed`` alias);
+the script's ``__main__`` namespace is dropped, while modules it imported stay cached so the
+next experiment does not import them again. The caller (:func:`autotune.runner.rank.run_rank`)
+tears down the process group the script made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import runpy
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+import torch.distributed as dist
+
+from autotune.engine import hooks
+from autotune.experiment import ExperimentSpec, Metrics, Status
+from autotune.profiling.window import StepTimer
+from autotune.runner.rank import RankOutcome
+from autotune.script import ScriptTarget
+
+# Submodules a DeepSpeed script imports (``import deepspeed.comm as dist``), served by autotune
+# where it has them.
+_DEEPSPEED_SUBMODULES = ("comm", "zero")
+
+
+class WindowDone(BaseException):
+    """Raised from the engine's step hook once the profile window is measured, to end the
+    script's run. A BaseException, so that a script's ``except Exception`` cannot swallow it."""
+
+
+class ScriptFinishedEarly(RuntimeError):
+    """The script returned (or exited 0) before the profile window was complete."""
+
+
+class ScriptExited(RuntimeError):
+    """The script called ``sys.exit`` with a failure status."""
+
+
+class ScriptObserver:
+    """Steers and times the engine a script builds (see :mod:`autotune.engine.hooks`).
+
+    FLOPs are counted over one whole optimizer step (forward and backward of every
+    micro-batch) with ``FlopCounterMode``: step 1 when it is warm-up, else the step after the
+    window, so counting never slows a timed step.
+    """
+
+    def __init__(self, spec: ExperimentSpec, device: torch.device, started: float) -> None:
+        self.spec = spec
+        self.device = device
+        self.started = started
+        self.engine: Any = None
+        self.timer = StepTimer(sync=self._sync)
+        start, end = spec.start_profile_step, spec.end_profile_step
+        self.flop_step = 1 if start > 1 else end + 1
+        self.last_step = max(end, self.flop_step)
+        self.flops_per_step: float | None = None
+        self._counter: Any = None
+        self.startup_s = self.warmup_s = self.window_s = 0.0
+        self._steps_started = 0.0
+        self._held_at_window_bytes = 0
+        self.metrics: Metrics | None = None
+
+    # --- EngineObserver -------------------------------------------------------------------
+
+    def configure(self, config: Any) -> Any:
+        """The experiment's config, whatever the script passed."""
+        del config
+        candidate = dict(self.spec.ds_config)
+        if self.spec.device_memory_bytes is not None:
+            candidate["device_memory_bytes"] = self.spec.device_memory_bytes
+        return candidate
+
+    def on_engine(self, engine: Any) -> None:
+        self.engine = engine
+        self._sync()
+        self._steps_started = time.perf_counter()
+        self.startup_s = self._steps_started - self.started
+        if self.flop_step == 1:
+            self._start_counting()
+        if self.spec.start_profile_step == 1:
+            self._start_window()
+
+    def on_optimizer_step(self, engine: Any) -> None:
+        step = engine.global_steps
+        if step == self.flop_step:
+            self._stop_counting()
+        if step == self.spec.start_profile_step - 1:
+            self._start_window()
+        elif self.spec.start_profile_step <= step <= self.spec.end_profile_step:
+            self.timer.lap()
+            if step == self.spec.end_profile_step:
+                self.window_s = self.timer.total_s
+        if step == self.flop_step - 1 and step > 0:
+            self._start_counting()
+        if step >= self.last_step:
+            self.metrics = self._measure(engine)
+            raise WindowDone
+
+    # --- measuring ------------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if dist.is_initialized():
+            dist.barrier()
+
+    def _start_window(self) -> None:
+        self.timer.start()
+        self.warmup_s = time.perf_counter() - self._steps_started
+        self._held_at_window_bytes = self._held_bytes()
+
+    def _start_counting(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._counter = FlopCounterMode(display=False)
+        self._counter.__enter__()
+
+    def _stop_counting(self) -> None:
+        if self._counter is not None:
+            self._counter.__exit__(None, None, None)
+            self.flops_per_step = float(self._counter.get_total_flops())
+            self._counter = None
+
+    def close(self) -> None:
+        """Leave no counting mode on the dispatch stack and no engine alive."""
+        self._stop_counting()
+        self.engine = None
+
+    def _held_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_allocated(self.device))
+        return int(self.engine.memory.accounted_bytes) if self.engine is not None else 0
+
+    def _measure(self, engine: Any) -> Metrics:
+        micro = int(engine.train_micro_batch_size_per_gpu())
+        peak = int(engine.peak_memory_bytes())
+        if self.device.type == "cuda":  # no accounting on CUDA: what the window added on top
+            activations = max(0, peak - self._held_at_window_bytes)
+        else:
+            activations = int(engine.memory.peak_by_kind["activations"])
+        params = list({id(p): p for p in engine.module.parameters()}.values())
+        metrics = Metrics.from_window(
+            self.timer.durations_s,
+            train_batch_size=int(engine.train_batch_size()),
+            flops_per_step=self.flops_per_step or 0.0,
+            peak_memory_bytes=peak,
+        )
+        return replace(
+            metrics,
+            num_params=sum(p.numel() for p in params),
+            param_bytes=sum(p.numel() * p.element_size() for p in params),
+            activation_bytes_per_sample=activations // max(micro, 1),
+        )
+
+    def early_finish(self) -> ScriptFinishedEarly:
+        if self.engine is None and self._steps_started == 0.0:
+            return ScriptFinishedEarly(
+                "the script finished without calling deepspeed.initialize(): nothing to profile"
+            )
+        steps = self.engine.global_steps if self.engine is not None else 0
+        return ScriptFinishedEarly(
+            f"the script finished after {steps} optimizer steps, before end_profile_step "
+            f"({self.last_step} steps are needed); give it more data or steps, or lower "
+            "autotuning.end_profile_step"
+        )
+
+
+def run_script(
+    spec: ExperimentSpec, rank: int, init_method: str, device: torch.device, started: float
+) -> RankOutcome:
+    """Run ``spec.script`` as rank ``rank`` until its profile window is measured.
+
+    Raises whatever the script raised (the caller turns it into a failed outcome); a script
+    that ends before the window raises :class:`ScriptFinishedEarly`.
+    """
+    script = spec.script
+    assert script is not None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    observer = ScriptObserver(spec, device, started)
+    try:
+        with script_environment(spec, rank, init_method, device), hooks.observing(observer):
+            try:
+                _run(script, script.argv(spec.ds_config))
+            except (WindowDone, SystemExit):
+                raise
+            except BaseException:
+                traceback.print_exc()  # into rank<N>.err, as Python prints a script's death
+                raise
+    except WindowDone:
+        pass
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):
+            raise ScriptExited(f"the script exited with status {exit_.code}") from None
+        raise observer.early_finish() from None
+    else:
+        raise observer.early_finish()
+    finally:
+        observer.close()
+    assert observer.metrics is not None
+    return RankOutcome(
+        rank=rank,
+        status=Status.ok,
+        metrics=observer.metrics.to_dict(),
+        startup_s=observer.startup_s,
+        warmup_s=observer.warmup_s,
+        window_s=observer.window_s,
+    )
+
+
+def _run(script: ScriptTarget, argv: list[str]) -> None:
+    sys.argv = list(argv)
+    if script.module is not None:
+        sys.path.insert(0, os.getcwd())  # as ``python -m`` does
+        runpy.run_module(script.module, run_name="__main__", alter_sys=True)
+    else:
+        sys.path.insert(0, os.path.dirname(script.path))  # as ``python train.py`` does
+        runpy.run_path(script.path, run_name="__main__")
+
+
+@contextlib.contextmanager
+def script_environment(
+    spec: ExperimentSpec, rank: int, init_method: str, device: torch.device
+) -> Iterator[None]:
+    """This process as ``torchrun`` would start the script, restored on exit."""
+    saved_env = dict(os.environ)
+    saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
+    saved_handlers = list(logging.root.handlers)
+    try:
+        os.environ.update(torchrun_env(spec.world_size, rank, init_method, device))
+        with _deepspeed_alias(), _captured_output(spec.output_dir, rank):
+            yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv[:] = saved_argv
+        sys.path[:] = saved_path
+        with contextlib.suppress(OSError):
+            os.chdir(saved_cwd)
+        for handler in [h for h in logging.root.handlers if h not in saved_handlers]:
+            logging.root.removeHandler(handler)
+
+
+def torchrun_env(
+    world_size: int, rank: int, init_method: str, device: torch.device
+) -> dict[str, str]:
+    """torchrun's variables for ``rank``; MASTER_* from a ``tcp://host:port`` rendezvous
+    (``env://`` keeps the ones already set). One node: the local rank is the rank, except on
+    a GPU that Ray gives each actor alone (then it is that GPU's index)."""
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(device.index if device.type == "cuda" else rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+    }
+    url = urlsplit(init_method)
+    if url.scheme == "tcp" and url.hostname and url.port:
+        env.update(MASTER_ADDR=url.hostname, MASTER_PORT=str(url.port))
+    return env
+
+
+@contextlib.contextmanager
+def _deepspeed_alias() -> Iterator[None]:
+    """``import deepspeed`` (and its submodules that autotune has) gives autotune."""
+    import autotune
+
+    aliases: dict[str, Any] = {"deepspeed": autotune}
+    for name in _DEEPSPEED_SUBMODULES:
+        with contextlib.suppress(ImportError):
+            aliases[f"deepspeed.{name}"] = importlib.import_module(f"autotune.{name}")
+    saved = {name: sys.modules.get(name) for name in aliases}
+    sys.modules.update(aliases)
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+@contextlib.contextmanager
+def _captured_output(output_dir: str | None, rank: int) -> Iterator[None]:
+    """Send fds 1 and 2 (so the script's prints, C++ logs and child processes alike) to
+    ``rank<N>.out`` / ``rank<N>.err`` in ``output_dir``; none given: leave them alone."""
+    if output_dir is None:
+        yield
+        return
+    os.makedirs(output_dir, exist_ok=True)
+    streams: tuple[tuple[Any, int, str], ...] = ((sys.stdout, 1, "out"), (sys.stderr, 2, "err"))
+    saved: list[tuple[Any, int, int, bool]] = []
+    try:
+        for stream, fd, suffix in streams:
+            stream.flush()
+            path = os.path.join(output_dir, f"rank{rank}.{suffix}")
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            saved.append((stream, fd, os.dup(fd), getattr(stream, "line_buffering", False)))
+            os.dup2(target, fd)
+            os.close(target)
+            # Line-buffered, so what a hung script printed is on disk when it is killed.
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(line_buffering=True)
+        yield
+    finally:
+        for stream, fd, original, line_buffering in reversed(saved):
+            with contextlib.suppress(ValueError, OSError):
+                stream.flush()
+            os.dup2(original, fd)
+            os.close(original)
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(line_buffering=line_buffering)

@@ -1,0 +1,93 @@
+"""``deepspeed.zero``'s context managers for stage-3 scripts: ``Init`` and ``GatheredParameters``.
+
+Example:
+    >>> import autotune as deepspeed
+    >>> with deepspeed.zero.Init():
+    ...     model = build_model()           # built whole; initialize() partitions it
+    >>> engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+    >>> with deepspeed.zero.GatheredParameters(model.head.weight, modifier_rank=0):
+    ...     if deepspeed.comm.get_rank() == 0:
+    ...         model.head.weight.zero_()   # kept, and re-partitioned on exit
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any
+
+import torch
+
+
+class Init:
+    """Build a model for stage 3 inside this block, as DeepSpeed's ``zero.Init``.
+
+    The engine partitions parameters when ``initialize`` wraps the model, so here the model is
+    built whole on every rank (DeepSpeed partitions each module as it is made, which bounds
+    the peak while building a model too large for one device). Every argument DeepSpeed takes
+    is accepted and changes nothing.
+    """
+
+    def __init__(self, module: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        del module, kwargs
+
+    def __enter__(self) -> Init:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+
+class GatheredParameters:
+    """Full parameters inside the block, at every stage.
+
+    Args:
+        params: a parameter or an iterable of them (of a model an engine trains; others are
+            left alone, as they are whole anyway).
+        modifier_rank: the rank whose changes to ``params`` are kept: on exit its values are
+            broadcast and written into every rank's shard and fp32 master copy. None: the
+            block only reads them (changes are discarded at stage 3).
+        fwd_module: accepted for compatibility (DeepSpeed registers external parameters).
+        enabled: False makes the block do nothing.
+    """
+
+    def __init__(
+        self,
+        params: torch.nn.Parameter | Iterable[torch.nn.Parameter],
+        modifier_rank: int | None = None,
+        fwd_module: torch.nn.Module | None = None,
+        enabled: bool = True,
+    ) -> None:
+        del fwd_module
+        self.params: list[torch.nn.Parameter] = (
+            [params] if isinstance(params, torch.nn.Parameter) else list(params)
+        )
+        self.modifier_rank = modifier_rank
+        self.enabled = enabled
+        self._stack = ExitStack()
+
+    def __enter__(self) -> GatheredParameters:
+        if not self.enabled:
+            return self
+        from autotune.engine.engine import engines_owning
+
+        for engine, params in engines_owning(self.params):
+            self._stack.enter_context(engine.gathered_parameters(params, self.modifier_rank))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stack.__exit__(exc_type, exc, traceback)
+
+
+__all__ = ["GatheredParameters", "Init"]

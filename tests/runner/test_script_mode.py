@@ -1,0 +1,121 @@
+"""Script mode end to end: ``autotune run -- ds_script.py --deepspeed ds_config.json ...``
+tunes a DeepSpeed-style script at world size 2, on warm Ray actors and on fresh processes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.results import load_results
+from tests.test_cli_run import _autotune, _wait_for_lines
+
+pytestmark = pytest.mark.multirank
+SCRIPT = Path(__file__).with_name("ds_script.py")
+cli = CliRunner()
+
+
+def write_config(tmp_path: Path, **autotuning: Any) -> Path:
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": [1, 2]},
+        "autotuning": {
+            "enabled": True,
+            # The stray space is real: DeepSpeed's own examples carry it.
+            "arg_mappings": {"train_micro_batch_size_per_gpu ": "--per_device_train_batch_size"},
+            "max_train_micro_batch_size_per_gpu": 8,
+            "start_profile_step": 2,
+            "end_profile_step": 3,
+            "tuner_type": "gridsearch",
+            "num_remeasure": 0,
+            **autotuning,
+        },
+    }
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def loader_batch(results: Path, name: str, rank: int) -> int:
+    """The batch the script's own DataLoader produced, as the script printed it."""
+    output = (results / "exps" / name / f"rank{rank}.out").read_text()
+    match = re.search(r"loader_batch=(\d+)", output)
+    assert match, f"{name} rank {rank} printed no batch: {output!r}"
+    return int(match.group(1))
+
+
+@pytest.mark.ray
+def test_ray_tunes_the_script_and_records_its_failures(ray_cluster: str, tmp_path: Path) -> None:
+    # The timeout must also hold a fresh gang's start-up on a busy machine: a hang and a
+    # failure leave the next experiment to new actors.
+    config, results = write_config(tmp_path, timeout_s=30), tmp_path / "results"
+    faults = "z2_8=early,z2_4=raise,z2_2=hang"
+    args = ["run", "--results-dir", str(results), "-q", "--", str(SCRIPT)]
+    args += ["--deepspeed", str(config), "--per_device_train_batch_size", "3", "--faults", faults]
+    outcome = cli.invoke(app, args)
+    assert outcome.exit_code == 0, outcome.output
+
+    frame = load_results(results).set_index("name")
+    statuses = frame["status"].to_dict()
+    assert statuses["z2_mbs8"] == "error"
+    assert "finished after 1 optimizer steps" in frame.loc["z2_mbs8", "error"]
+    assert statuses["z2_mbs4"] == "error"
+    assert frame.loc["z2_mbs4", "error"] == "RuntimeError: injected failure in the training loop"
+    assert "injected failure" in (results / "exps" / "z2_mbs4" / "rank1.err").read_text()
+    assert statuses["z2_mbs2"] == "timeout"
+    ok = frame[frame["status"] == "ok"]
+    assert len(ok) >= 3, statuses
+    for name, row in ok.iterrows():
+        # The script's loader ran at the micro-batch the experiment recorded (arg_mappings).
+        assert loader_batch(results, str(name), 0) == row["micro_batch_size"]
+        assert loader_batch(results, str(name), 1) == row["micro_batch_size"]
+        assert row["flops"] > 0 and row["peak_memory_bytes"] > 0
+    first_ok = results / "exps" / str(ok.index[0]) / "metrics.json"
+    assert json.loads(first_ok.read_text())["metrics"]["num_params"] == 16 * 64 + 64 + 64 + 1
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] in set(ok["micro_batch_size"])
+    assert (results / "summary.txt").read_text().startswith("autotune: ds_script.py at")
+    report = cli.invoke(app, ["report", str(results)])
+    assert report.exit_code == 0 and all(str(name) in report.stdout for name in frame.index)
+    best = cli.invoke(app, ["best", str(results)])
+    assert best.exit_code == 0 and best.stdout.strip().endswith("ds_config_optimal.json")
+
+
+def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path) -> None:
+    config = write_config(tmp_path, start_profile_step=1, end_profile_step=2, timeout_s=90)
+    spec = json.loads(config.read_text())
+    spec["train_micro_batch_size_per_gpu"] = [2, 4]
+    spec["zero_optimization"]["stage"] = 1
+    config.write_text(json.dumps(spec))
+    results = tmp_path / "results"
+    log = results / "experiments.jsonl"
+    command = ["run", "--runner", "local", "--results-dir", str(results), "-q", "--"]
+    command += [str(SCRIPT), "--deepspeed", str(config), "--init", "engine"]
+
+    driver = _autotune(*command)
+    _wait_for_lines(log, 1)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=30)
+    finished_before = [json.loads(line)["name"] for line in log.read_text().splitlines()]
+
+    resumed = _autotune(*command)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    names = [record["name"] for record in records]
+    assert len(names) == len(set(names)), "an experiment ran twice"
+    assert names[: len(finished_before)] == finished_before
+    assert set(names) == {"z1_mbs2", "z1_mbs4"}
+    assert all(record["status"] == "ok" for record in records), records
+    for record in records:
+        assert (
+            loader_batch(results, record["name"], 0)
+            == (record["ds_config"]["train_micro_batch_size_per_gpu"])
+        )

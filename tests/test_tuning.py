@@ -1,0 +1,91 @@
+"""The tuning loop with a runner that has room for several experiments: every slot kept busy,
+each result recorded as it finishes, and an interruption cancels what is in flight."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.tuning import ConcurrentRunner, tune
+from tests.runner.sim_cluster import config_metrics, tuning_job
+
+
+class FakeCluster:
+    """Room for ``fits`` experiments; finishes them in a seeded random order."""
+
+    def __init__(self, fits: int = 3, uses_gpus: bool = True, interrupt_after: int = 0) -> None:
+        self.fits, self.uses_gpus = fits, uses_gpus
+        self.in_flight: list[ExperimentSpec] = []
+        self.most_in_flight = 0
+        self.finished = 0
+        self.cancelled: list[str] = []
+        self._interrupt_after = interrupt_after
+        self._order = random.Random(0)
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        return self.fits
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        self.in_flight.append(spec)
+        self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
+
+    def wait(self) -> list[ExperimentResult]:
+        if self._interrupt_after and self.finished == self._interrupt_after:
+            raise KeyboardInterrupt
+        spec = self.in_flight.pop(self._order.randrange(len(self.in_flight)))
+        self.finished += 1
+        return [ExperimentResult(spec.name, Status.ok, config_metrics(spec))]
+
+    def cancel(self) -> None:
+        self.cancelled = [spec.name for spec in self.in_flight]
+        self.in_flight.clear()
+
+
+def logged_names(results_dir: Path) -> list[str]:
+    lines = (results_dir / "experiments.jsonl").read_text().splitlines()
+    return [json.loads(line)["name"] for line in lines]
+
+
+def test_the_fake_is_a_concurrent_runner() -> None:
+    assert isinstance(FakeCluster(), ConcurrentRunner)
+
+
+@pytest.mark.parametrize(
+    ("fits", "uses_gpus", "max_concurrent", "expected"),
+    [
+        (3, True, None, 3),  # GPUs: as many as fit
+        (3, False, None, 1),  # no GPUs: experiments sharing cores would measure each other
+        (3, False, 2, 2),  # unless asked
+        (2, True, 5, 2),  # never more than fit
+    ],
+)
+def test_slots_in_flight(
+    tmp_path: Path, fits: int, uses_gpus: bool, max_concurrent: int | None, expected: int
+) -> None:
+    runner = FakeCluster(fits, uses_gpus)
+    report = tune(tuning_job(tmp_path), runner, max_concurrent=max_concurrent)
+    assert runner.most_in_flight == expected
+    names = logged_names(tmp_path)
+    assert len(names) == len(set(names)) == report.num_run_now
+
+
+def test_an_interruption_cancels_what_is_in_flight_and_a_resume_runs_it(tmp_path: Path) -> None:
+    interrupted = FakeCluster(interrupt_after=5)
+    with pytest.raises(KeyboardInterrupt):
+        tune(tuning_job(tmp_path), interrupted)
+    assert len(interrupted.cancelled) >= 2  # several were running, and were stopped
+    kept = logged_names(tmp_path)
+    assert len(kept) == 5 and not set(kept) & set(interrupted.cancelled)
+
+    report = tune(tuning_job(tmp_path), FakeCluster())
+    names = logged_names(tmp_path)
+    assert names[:5] == kept and len(names) == len(set(names))
+    assert set(interrupted.cancelled) <= set(names[5:])
+    assert report.num_resumed == 5
+    one_at_a_time = tmp_path / "one-at-a-time"
+    tune(tuning_job(one_at_a_time), FakeCluster(fits=1))
+    assert sorted(names) == sorted(logged_names(one_at_a_time))
