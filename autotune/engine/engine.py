@@ -408,6 +408,28 @@ class ZeroEngine(nn.Module):
     def zero_optimization_stage(self) -> int:
         return self.zero.stage
 
+    # Scripts pick their input dtype with these (DeepSpeedExamples' cifar does).
+    def fp16_enabled(self) -> bool:
+        return self.config.precision == "fp16"
+
+    def bfloat16_enabled(self) -> bool:
+        return self.config.precision == "bf16"
+
+    def amp_enabled(self) -> bool:
+        return False  # the engine casts the model itself; apex amp is never run
+
+    def zero_optimization(self) -> bool:
+        return self.zero.stage > 0
+
+    def zero_cpu_offload(self) -> bool:
+        return self.zero.offload_optimizer
+
+    def gradient_clipping(self) -> float:
+        return float(self.config.gradient_clipping)
+
+    def steps_per_print(self) -> int:
+        return int(self.config.steps_per_print)
+
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 

@@ -40,7 +40,7 @@ from autotune.script import ScriptTarget
 
 # Submodules a DeepSpeed script imports (``import deepspeed.comm as dist``), served by autotune
 # where it has them.
-_DEEPSPEED_SUBMODULES = ("comm", "zero")
+_DEEPSPEED_SUBMODULES = ("accelerator", "comm", "zero")
 
 
 class WindowDone(BaseException):
@@ -211,7 +211,10 @@ def run_script(
         pass
     except SystemExit as exit_:
         if exit_.code not in (0, None):
-            raise ScriptExited(f"the script exited with status {exit_.code}") from None
+            said = _last_stderr_line(spec.output_dir, rank)
+            raise ScriptExited(
+                f"the script exited with status {exit_.code}" + (f": {said}" if said else "")
+            ) from None
         raise observer.early_finish() from None
     else:
         raise observer.early_finish()
@@ -226,6 +229,19 @@ def run_script(
         warmup_s=observer.warmup_s,
         window_s=observer.window_s,
     )
+
+
+def _last_stderr_line(output_dir: str | None, rank: int) -> str:
+    """What the script last said on stderr before exiting (argparse's ``error: ...`` line,
+    say), so the recorded error names the cause without opening the log."""
+    if output_dir is None:
+        return ""
+    try:
+        with open(os.path.join(output_dir, f"rank{rank}.err"), errors="replace") as err:
+            lines = [line.strip() for line in err.readlines()[-20:] if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
 
 
 def _run(script: ScriptTarget, argv: list[str]) -> None:

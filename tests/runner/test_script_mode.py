@@ -119,3 +119,38 @@ def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path) -> N
             loader_batch(results, record["name"], 0)
             == (record["ds_config"]["train_micro_batch_size_per_gpu"])
         )
+
+
+def test_deepspeeds_own_launch_line_tunes_the_cifar_shaped_script(tmp_path: Path) -> None:
+    """``-- cifar_script.py --deepspeed --deepspeed_config ds_config.json``, the line
+    DeepSpeedExamples launch with, on the example's bf16 config (fp16's loss-scale keys in its
+    bf16 section, ``cpu_offload`` in ZeRO): the config is found and every experiment is ok."""
+    bf16 = {"enabled": True, "bf16_master_weights_and_grads": False, "loss_scale": 0}
+    config = {
+        "train_batch_size": 16,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": [0.8, 0.999]}},
+        "bf16": {**bf16, "loss_scale_window": 500, "hysteresis": 2, "initial_scale_power": 15},
+        "fp16": {"enabled": False, "fp16_master_weights_and_grads": False, "loss_scale": 0},
+        "zero_optimization": {"stage": 1, "overlap_comm": True, "cpu_offload": False},
+        "autotuning": {"start_profile_step": 1, "end_profile_step": 2, "num_remeasure": 0},
+    }
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    results = tmp_path / "results"
+    script = Path(__file__).parents[1] / "engine" / "cifar_script.py"
+    command = ["run", "--runner", "local", "--num-trials", "1", "--results-dir", str(results)]
+    command += ["-q", "--", str(script), "--deepspeed", "--deepspeed_config", str(path)]
+    done = cli.invoke(app, command)
+    assert done.exit_code == 0, done.output
+    records = [json.loads(line) for line in (results / "experiments.jsonl").open()]
+    assert [record["status"] for record in records] == ["ok"], records
+    output = (results / "exps" / records[0]["name"] / "rank0.out").read_text()
+    assert "dtype=torch.bfloat16 stage=1" in output, output
+
+
+def test_a_script_that_exits_says_why_in_its_error(tmp_path: Path) -> None:
+    from autotune.runner.script import _last_stderr_line
+
+    (tmp_path / "rank1.err").write_text("usage: train.py [-h]\ntrain.py: error: bad flag\n\n")
+    assert _last_stderr_line(str(tmp_path), 1) == "train.py: error: bad flag"
+    assert _last_stderr_line(str(tmp_path), 0) == ""
