@@ -19,7 +19,7 @@ _LAZY = {
     "init_distributed": "autotune.engine.launch",
     "load_results": "autotune.results",
 }
-_SUBMODULES = ("accelerator", "comm", "zero")  # deepspeed.accelerator, .comm, .zero
+_SUBMODULES = ("accelerator", "comm", "utils", "zero")  # deepspeed.accelerator, ...
 
 
 def __getattr__(name: str) -> Any:
@@ -44,5 +44,6 @@ __all__ = [
     "initialize",
     "load_config",
     "load_results",
+    "utils",
     "zero",
 ]

@@ -40,7 +40,7 @@ from autotune.script import ScriptTarget
 
 # Submodules a DeepSpeed script imports (``import deepspeed.comm as dist``), served by autotune
 # where it has them.
-_DEEPSPEED_SUBMODULES = ("accelerator", "comm", "zero")
+_DEEPSPEED_SUBMODULES = ("accelerator", "comm", "utils", "zero")
 
 
 class WindowDone(BaseException):

@@ -96,6 +96,22 @@ def test_bf16_options_the_engine_lacks_are_refused_not_ignored() -> None:
             deepspeed.initialize(model=_model(), config=config)
 
 
+def test_log_dist_prints_on_the_ranks_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_dist = deepspeed.utils.log_dist  # HelloDeepSpeed: from deepspeed.utils import ...
+
+    log_dist("before the group: every rank", ranks=[0])
+    monkeypatch.setattr(deepspeed.comm, "is_initialized", lambda: True)
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda: 1)
+    log_dist("rank 0 only", ranks=[0])
+    log_dist("all ranks", ranks=[-1])
+    log_dist("rank 1 too", ranks=[0, 1])
+    out = capsys.readouterr().out
+    assert "[Rank -1] before the group: every rank" in out and "rank 0 only" not in out
+    assert "[Rank 1] all ranks" in out and "[Rank 1] rank 1 too" in out
+
+
 def test_comm_helpers_answer_without_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
