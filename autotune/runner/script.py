@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
+from autotune.config import overlay
 from autotune.engine import hooks
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.profiling.window import StepTimer
@@ -83,9 +84,16 @@ class ScriptObserver:
     # --- EngineObserver -------------------------------------------------------------------
 
     def configure(self, config: Any) -> Any:
-        """The experiment's config, whatever the script passed."""
-        del config
-        candidate = dict(self.spec.ds_config)
+        """The experiment's config laid over the one the script passed (a dict, or None).
+
+        The experiment's keys win; what only the script sets (its optimizer, scheduler,
+        precision, clipping, as DeepSpeedExamples' cifar builds in a dict) is kept, so the
+        experiment trains what the script trains rather than a bare config.
+        """
+        candidate = overlay(config, self.spec.ds_config) if config else dict(self.spec.ds_config)
+        kept = sorted(set(config or {}) - set(self.spec.ds_config) - {"autotuning"})
+        if kept:
+            print(f"autotune: kept from the script's own config: {', '.join(kept)}", flush=True)
         if self.spec.device_memory_bytes is not None:
             candidate["device_memory_bytes"] = self.spec.device_memory_bytes
         return candidate

@@ -123,6 +123,25 @@ def test_the_cifar_examples_bf16_config_loads() -> None:
     assert config.precision == "bf16" and config.bf16.loss_scale_window == 500
 
 
+def test_overlay_keeps_the_base_and_lets_the_top_win() -> None:
+    from autotune.config import overlay
+
+    script = {
+        "train_batch_size": 16,
+        "fp16": {"enabled": True},
+        "zero_optimization": {"stage": 0, "overlap_comm": True},
+    }
+    candidate = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}
+    merged = overlay(script, candidate)
+    assert merged == {
+        "fp16": {"enabled": True},
+        "zero_optimization": {"stage": 2, "overlap_comm": True},
+        "train_micro_batch_size_per_gpu": 4,  # the script's train_batch_size is dropped
+    }
+    assert overlay(script, {"fp16": {"enabled": False}})["train_batch_size"] == 16
+    assert script["zero_optimization"]["stage"] == 0  # the inputs are left alone
+
+
 @pytest.mark.parametrize(
     ("key", "section"),
     [

@@ -275,10 +275,16 @@ def test_an_observer_sees_the_scripts_config_and_replaces_it(tmp_path: Path) -> 
     with hooks.observing(_Recorder()) as recorder:
         engine, *_ = deepspeed.initialize(args=args, model=_model())
         _engine_training(engine, steps=2)
-    assert recorder.seen == [args.deepspeed_config, 2] and recorder.steps == 2
+    assert recorder.seen == [CONFIG, 2] and recorder.steps == 2  # the file, read
     with hooks.observing(_Recorder()) as recorder:  # a script with no config of its own
         deepspeed.initialize(model=_model())
     assert recorder.seen == [None, 2]
+    # A dict in the script and a file in its args: DeepSpeed refuses; in script mode the
+    # experiment's config replaces both, so the script's dict is passed on, no error.
+    own = {"train_batch_size": 16, "fp16": {"enabled": True}}
+    with hooks.observing(_Recorder()) as recorder:
+        deepspeed.initialize(args=args, model=_model(), config=own)
+    assert recorder.seen == [own, 2]
 
 
 LONE_SCRIPT = """
