@@ -45,6 +45,10 @@ def test_config_keys_are_trimmed_and_the_script_names_its_config(tmp_path: Path)
     assert config.autotuning.arg_mappings == {"train_micro_batch_size_per_gpu": "--mbs"}
     assert target(tmp_path, "--deepspeed", "ds.json").config_path() == "ds.json"
     assert target(tmp_path, "--deepspeed_config=c.json").config_path() == "c.json"
+    # DeepSpeed's own launch line: --deepspeed is a bare switch there, not the path.
+    launch = target(tmp_path, "--deepspeed", "--deepspeed_config", "c.json", "--x", "1")
+    assert launch.config_path() == "c.json"
+    assert target(tmp_path, "--deepspeed", "--x", "1").config_path() is None
 
 
 def test_the_fingerprint_changes_with_the_script_file(tmp_path: Path) -> None:
