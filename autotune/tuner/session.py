@@ -8,8 +8,11 @@ The flow (DeepSpeed's, with its bugs fixed), one phase after another:
    margin, else double) until a fit and a failure bracket it, then narrow the bracket (at the
    measured-memory guess where it falls inside, else bisecting) to a fit and a failure one
    size apart. An ``oom`` is a constraint: every larger micro-batch with the same stage
-   and knobs is pruned unrun. Variants are searched one after another, in an order the
-   tuner type decides (see :func:`variant_order`).
+   and knobs is pruned unrun. A script that ran out of data (:data:`RAN_OUT_OF_DATA`: its
+   loader has fewer batches at that micro-batch than the profile window needs) bounds every
+   variant alike: that micro-batch and every larger one are pruned everywhere. Variants are
+   searched one after another, in an order the tuner type decides (see
+   :func:`variant_order`).
 2. ``micro_batch``: compare the largest fit and sizes about half apart below it
    (``num_tuning_micro_batch_sizes`` in all), per variant, with the chosen sampler.
    ``fast: true`` (and no knob lists) stops the search here.
@@ -18,6 +21,8 @@ The flow (DeepSpeed's, with its bugs fixed), one phase after another:
    the best is declared on the median of repeats — step times vary up to ±50% run to run.
 
 Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a new best;
+the whole run ends once the first :data:`SAME_FAILURE_LIMIT` experiments all failed with the
+same error (a script that rejects a flag fails alike whatever the config);
 ``tuner_num_trials`` caps the search experiments (re-measurements are extra); once
 ``time_budget_s`` is spent nothing new is proposed.
 
@@ -75,6 +80,12 @@ _PHASES = list(Phase)
 MAX_REMEASURE_FACTOR = 2
 # Knob points model_based tries on its favourite variant before searching the others.
 FAVOURITE_KNOBS = 8
+# The error a script's run ends with when it finished before the profile window did: the
+# runner's exception type names it (``autotune.runner.script.ScriptFinishedEarly``).
+RAN_OUT_OF_DATA = "ScriptFinishedEarly"
+# Experiments that all failed with the same error, and none ok, that end the run: a failure
+# that does not depend on the config would fail every remaining experiment too.
+SAME_FAILURE_LIMIT = 3
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,8 @@ class Tuner:
         self._owed: set[str] = set()  # proposed by an interrupted run, never finished
         self._pending: dict[str, Candidate] = {}
         self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
+        # The smallest micro-batch run whose script ran out of data: bounds every variant.
+        self._data_ceiling: str | None = None
         self._phase = Phase.max_micro_batch
         self._sampler: Sampler | None = None
         self._phase_points: dict[str, Point] = {}  # name → point, for the sampler's phase
@@ -218,6 +231,11 @@ class Tuner:
         budget = self._tuning.time_budget_s
         if budget is not None and self.elapsed_s >= budget and self._phase is not Phase.done:
             self._finish(f"time budget of {budget:g} s spent")
+        if self._phase is not Phase.done and (error := self._same_failure()) is not None:
+            self._finish(
+                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error, "
+                f"so every other would too: {error}"
+            )
         while self._phase is not Phase.done:
             name = self._next_name()
             if name is None:
@@ -284,6 +302,7 @@ class Tuner:
         if entry is not None and not entry.knobs:
             self._size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
         self._note_oom(result.name)
+        self._note_out_of_data(result.name)
         point = self._phase_points.get(result.name)
         if point is not None and self._sampler is not None:
             self._tell_sampler(point, result)
@@ -314,7 +333,7 @@ class Tuner:
             ),
             num_run=len(self._results),
             num_failed=len(failed),
-            pruned={**self._pruned, **self._pruned_by_oom()},
+            pruned={**self._pruned, **self._pruned_by_data(), **self._pruned_by_oom()},
             failed=failed,
             tuning_time_s=self.elapsed_s,
             stop_reason=self._stop_reason,
@@ -435,16 +454,19 @@ class Tuner:
         ladder = plan.ladder
         fit = max((s for s, r in runs.items() if r.ok), default=None)
         # The smallest failure above the largest fit (an error counts: nothing above it is
-        # worth a run either).
-        failure = min(
+        # worth a run either); where the script ran out of data bounds every variant.
+        own_failure = min(
             (s for s, r in runs.items() if not r.ok and (fit is None or s > fit)), default=None
         )
+        ceiling = self._data_ceiling_size()
+        failure = min((s for s in (own_failure, ceiling) if s is not None), default=None)
         low = 0 if fit is None else bisect.bisect_right(ladder, fit)
         high = len(ladder) if failure is None else bisect.bisect_left(ladder, failure)
         if low >= high:
             return None  # bracketed: ``fit`` is the largest that fits
-        if fit is None and failure is None:
-            size = plan.start
+        if fit is None and own_failure is None:
+            # Only the data bound so far: the start, or the largest size below the bound.
+            size = min(plan.start, ladder[high - 1])
         elif fit is None:
             assert failure is not None
             size = ladder[max(0, bisect.bisect_right(ladder, failure // 2) - 1)]
@@ -454,8 +476,8 @@ class Tuner:
                 # The guess, or the next size up when memory says ``fit`` is the largest.
                 size = max(ladder[max(0, bisect.bisect_right(ladder, guess) - 1)], ladder[low])
             elif failure is None:  # climb: to the estimate without its margin, else doubling
-                ceiling = plan.ceiling
-                target = ceiling if ceiling is not None and ceiling > fit else 2 * fit
+                estimate = plan.ceiling
+                target = estimate if estimate is not None and estimate > fit else 2 * fit
                 size = ladder[min(len(ladder) - 1, bisect.bisect_left(ladder, target))]
             else:
                 size = ladder[(low + high) // 2]
@@ -610,6 +632,7 @@ class Tuner:
             overrides = self._space.overrides(variant, size, dict(knobs))
             self._entries[name] = _Entry(variant, size, knobs, overrides)
             self._note_oom(name)
+            self._note_out_of_data(name)
         return name
 
     def _name(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
@@ -642,9 +665,67 @@ class Tuner:
             if name not in self._results and (floor := self._oom_pruner(name)) is not None
         }
 
+    def _note_out_of_data(self, name: str) -> None:
+        """Remember the smallest micro-batch at which the script ran out of data."""
+        entry, result = self._entries.get(name), self._results.get(name)
+        if entry is None or result is None or not ran_out_of_data(result):
+            return
+        ceiling = self._data_ceiling_size()
+        if ceiling is None or entry.micro_batch_size < ceiling:
+            self._data_ceiling = name
+
+    def _data_ceiling_size(self) -> int | None:
+        if self._data_ceiling is None:
+            return None
+        return self._entries[self._data_ceiling].micro_batch_size
+
+    def _data_pruner(self, name: str) -> str | None:
+        """The run that ran out of data at a micro-batch no larger than ``name``'s."""
+        entry, ceiling = self._entries.get(name), self._data_ceiling_size()
+        if entry is None or ceiling is None or entry.micro_batch_size < ceiling:
+            return None
+        return self._data_ceiling
+
+    def _pruned_by_data(self) -> dict[str, str]:
+        """Why no micro-batch at or above the data bound runs, once for all variants and
+        for each such configuration already considered."""
+        ceiling = self._data_ceiling
+        if ceiling is None:
+            return {}
+        size = self._entries[ceiling].micro_batch_size
+        pruned = {
+            f"micro-batch >= {size}": (
+                f"the script ran out of data at micro-batch {size} ({ceiling}): its loader has "
+                "fewer batches than the profile window needs; pruned in every ZeRO variant"
+            )
+        }
+        pruned.update(
+            (name, f"micro-batch {size} or larger, where the script ran out of data ({ceiling})")
+            for name in self._entries
+            if name not in self._results and self._data_pruner(name) is not None
+        )
+        return pruned
+
+    def _same_failure(self) -> str | None:
+        """The error every experiment so far failed with, once ``SAME_FAILURE_LIMIT`` did and
+        none ran ok; None otherwise. ``oom`` and ``timeout`` depend on the config, so only
+        ``error`` counts."""
+        results = list(self._results.values())
+        if len(results) < SAME_FAILURE_LIMIT:
+            return None
+        errors = {r.error for r in results if r.status is Status.error}
+        if len(errors) != 1 or any(r.status is not Status.error for r in results):
+            return None
+        return errors.pop()
+
     def _is_open(self, name: str) -> bool:
         """Not run, not in flight, not pruned."""
-        return self._is_free(name) and name not in self._pruned and not self._oom_pruner(name)
+        return (
+            self._is_free(name)
+            and name not in self._pruned
+            and not self._oom_pruner(name)
+            and not self._data_pruner(name)
+        )
 
     def _is_open_repeat(self, name: str) -> bool:
         return self._is_free(name) and name not in self._pruned
@@ -756,6 +837,12 @@ class Tuner:
                 # where it falls among other variants' searches depends on what ran beside it.
                 since += 1
         return since
+
+
+def ran_out_of_data(result: ExperimentResult) -> bool:
+    """The script finished before the profile window did: too few batches at this
+    micro-batch (``error`` starts with the runner's exception type, as every error does)."""
+    return result.status is Status.error and (result.error or "").startswith(f"{RAN_OUT_OF_DATA}:")
 
 
 def _close(value: float, best: float, metric: Metric) -> bool:
