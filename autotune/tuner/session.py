@@ -48,6 +48,7 @@ from __future__ import annotations
 import bisect
 import enum
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -233,8 +234,8 @@ class Tuner:
             self._finish(f"time budget of {budget:g} s spent")
         if self._phase is not Phase.done and (error := self._same_failure()) is not None:
             self._finish(
-                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error, "
-                f"so every other would too: {error}"
+                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
+                f"(numbers aside), so every other would too: {error}"
             )
         while self._phase is not Phase.done:
             name = self._next_name()
@@ -707,16 +708,18 @@ class Tuner:
         return pruned
 
     def _same_failure(self) -> str | None:
-        """The error every experiment so far failed with, once ``SAME_FAILURE_LIMIT`` did and
-        none ran ok; None otherwise. ``oom`` and ``timeout`` depend on the config, so only
-        ``error`` counts."""
-        results = list(self._results.values())
+        """The first error line, once the first ``SAME_FAILURE_LIMIT`` experiments all failed
+        alike and none ran ok; None otherwise. Numbers aside: argparse echoes the value it
+        rejects. ``oom``, ``timeout`` and running out of data depend on the config: any of
+        them means the config matters, so the run goes on."""
+        results = [self._results[name] for name in self._order]
         if len(results) < SAME_FAILURE_LIMIT:
             return None
-        errors = {r.error for r in results if r.status is Status.error}
-        if len(errors) != 1 or any(r.status is not Status.error for r in results):
+        if any(r.status is not Status.error or ran_out_of_data(r) for r in results):
             return None
-        return errors.pop()
+        if len({re.sub(r"\d+", "N", r.error or "") for r in results}) != 1:
+            return None
+        return results[0].error or "(no message)"
 
     def _is_open(self, name: str) -> bool:
         """Not run, not in flight, not pruned."""

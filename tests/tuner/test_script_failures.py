@@ -3,7 +3,7 @@ micro-batch bounds every variant; a script that fails alike everywhere ends the 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
 
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner import Candidate, Phase
@@ -11,21 +11,25 @@ from autotune.tuner.session import RAN_OUT_OF_DATA, SAME_FAILURE_LIMIT
 from tests.tuner.landscape import Landscape, drive
 from tests.tuner.test_flow import fast_tuner, true_largest_fit
 
-# The script's dataset holds 19 samples per rank per profile window: 20 or more run dry.
+# The script's loader has too few batches for the profile window at micro-batch 20 and up.
 DATA_LIMIT = 20
 
 
+def out_of_data(candidate: Candidate) -> str:
+    """What the runner records for a script whose loader ran dry before the window ended."""
+    steps = 80 // candidate.micro_batch_size
+    return (
+        f"{RAN_OUT_OF_DATA}: the script finished after {steps} optimizer steps, before "
+        "end_profile_step (5 steps are needed)"
+    )
+
+
 class DryLoader(Landscape):
-    """The landscape, behind a script whose data runs out above ``DATA_LIMIT``."""
+    """The landscape, behind a script whose data runs out at ``DATA_LIMIT`` and above."""
 
     def run(self, candidate: Candidate) -> ExperimentResult:
         if candidate.micro_batch_size >= DATA_LIMIT:
-            return ExperimentResult(
-                candidate.name,
-                Status.error,
-                error=f"{RAN_OUT_OF_DATA}: the script finished after 4 optimizer steps, "
-                "before end_profile_step (5 steps are needed)",
-            )
+            return ExperimentResult(candidate.name, Status.error, error=out_of_data(candidate))
         return super().run(candidate)
 
 
@@ -53,34 +57,46 @@ def test_out_of_data_is_known_by_the_runners_exception_type() -> None:
     assert ScriptFinishedEarly.__name__ == RAN_OUT_OF_DATA
 
 
-class Rejects(Landscape):
-    """A script whose argparse rejects a mapped flag: every experiment fails alike."""
+def argparse_exit(candidate: Candidate) -> str:
+    """What a script whose argparse rejects the mapped flag fails with: the value varies."""
+    return (
+        "ScriptExited: the script exited with status 2: train.py: error: unrecognized "
+        f"arguments: --per_device_train_batch_size {candidate.micro_batch_size}"
+    )
 
-    error = "ScriptExited: the script exited with status 2: train.py: error: unrecognized "
-    error += "arguments: --per_device_train_batch_size 16"
 
-    def __init__(self, status: Status = Status.error, same: bool = True) -> None:
+class Failing(Landscape):
+    """Every experiment fails, with ``status`` and the error ``error_of`` says."""
+
+    def __init__(self, error_of: Callable[[Candidate], str], status: Status = Status.error):
         super().__init__()
-        self.status, self.same = status, same
+        self.error_of, self.status = error_of, status
 
     def run(self, candidate: Candidate) -> ExperimentResult:
-        error = self.error if self.same else f"ValueError: bad size {candidate.name}"
-        return ExperimentResult(candidate.name, self.status, error=error)
+        return ExperimentResult(candidate.name, self.status, error=self.error_of(candidate))
 
 
 def test_a_script_that_fails_alike_everywhere_ends_the_run_naming_the_error() -> None:
     tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
-    asked = drive(tuner, Rejects())
+    asked = drive(tuner, Failing(argparse_exit))
     assert len(asked) == SAME_FAILURE_LIMIT and tuner.finished
     summary = tuner.summary()
-    assert Rejects.error in summary.stop_reason and summary.num_failed == SAME_FAILURE_LIMIT
+    assert argparse_exit(asked[0]) in summary.stop_reason
+    assert summary.num_failed == SAME_FAILURE_LIMIT and summary.best is None
 
 
 def test_failures_that_depend_on_the_config_do_not_end_the_run() -> None:
-    for landscape in (Rejects(Status.oom), Rejects(Status.timeout), Rejects(same=False)):
+    different = iter(["ValueError: shapes differ", "KeyError: 'labels'"] * 50)
+    cases = [
+        Failing(argparse_exit, Status.oom),
+        Failing(argparse_exit, Status.timeout),
+        Failing(out_of_data),  # bounds the micro-batch: smaller ones may run
+        Failing(lambda candidate: next(different)),
+    ]
+    for landscape in cases:
         tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
         asked = drive(tuner, landscape)
-        assert len(asked) > SAME_FAILURE_LIMIT, landscape.status
+        assert len(asked) > SAME_FAILURE_LIMIT, landscape.error_of(asked[0])
         assert "same error" not in tuner.summary().stop_reason
 
 
@@ -88,6 +104,6 @@ def test_one_ok_experiment_keeps_the_run_going_past_identical_errors() -> None:
     tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
     first = tuner.ask()
     assert first is not None
-    tuner.tell(replace(Landscape().run(replace(first, name=first.name)), name=first.name))
-    asked = drive(tuner, Rejects())
+    tuner.tell(Landscape().run(first))
+    asked = drive(tuner, Failing(argparse_exit))
     assert len(asked) > SAME_FAILURE_LIMIT
