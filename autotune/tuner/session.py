@@ -185,8 +185,10 @@ class Tuner:
         self._owed: set[str] = set()  # proposed by an interrupted run, never finished
         self._pending: dict[str, Candidate] = {}
         self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
-        # The smallest micro-batch run whose script ran out of data: bounds every variant.
-        self._data_ceiling: str | None = None
+        # Micro-batch → the first run at it whose script ran out of data, and the sizes that
+        # ran ok in any variant: together the bound on every variant (see _data_ceiling).
+        self._out_of_data: dict[int, str] = {}
+        self._ok_sizes: set[int] = set()
         self._phase = Phase.max_micro_batch
         self._sampler: Sampler | None = None
         self._phase_points: dict[str, Point] = {}  # name → point, for the sampler's phase
@@ -303,7 +305,7 @@ class Tuner:
         if entry is not None and not entry.knobs:
             self._size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
         self._note_oom(result.name)
-        self._note_out_of_data(result.name)
+        self._note_micro_batch(result.name)
         point = self._phase_points.get(result.name)
         if point is not None and self._sampler is not None:
             self._tell_sampler(point, result)
@@ -633,7 +635,7 @@ class Tuner:
             overrides = self._space.overrides(variant, size, dict(knobs))
             self._entries[name] = _Entry(variant, size, knobs, overrides)
             self._note_oom(name)
-            self._note_out_of_data(name)
+            self._note_micro_batch(name)
         return name
 
     def _name(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
@@ -666,31 +668,40 @@ class Tuner:
             if name not in self._results and (floor := self._oom_pruner(name)) is not None
         }
 
-    def _note_out_of_data(self, name: str) -> None:
-        """Remember the smallest micro-batch at which the script ran out of data."""
+    def _note_micro_batch(self, name: str) -> None:
+        """Remember whether the script had data enough at ``name``'s micro-batch."""
         entry, result = self._entries.get(name), self._results.get(name)
-        if entry is None or result is None or not ran_out_of_data(result):
+        if entry is None or result is None:
             return
-        ceiling = self._data_ceiling_size()
-        if ceiling is None or entry.micro_batch_size < ceiling:
-            self._data_ceiling = name
+        if result.ok:
+            self._ok_sizes.add(entry.micro_batch_size)
+        elif ran_out_of_data(result):
+            self._out_of_data.setdefault(entry.micro_batch_size, name)
+
+    def _data_ceiling(self) -> str | None:
+        """The run at the smallest micro-batch where the script ran out of data, above every
+        size that ran ok (one that ran ok had data enough, whatever ended another run)."""
+        largest_ok = max(self._ok_sizes, default=0)
+        sizes = [size for size in self._out_of_data if size > largest_ok]
+        return self._out_of_data[min(sizes)] if sizes else None
 
     def _data_ceiling_size(self) -> int | None:
-        if self._data_ceiling is None:
-            return None
-        return self._entries[self._data_ceiling].micro_batch_size
+        ceiling = self._data_ceiling()
+        return None if ceiling is None else self._entries[ceiling].micro_batch_size
 
     def _data_pruner(self, name: str) -> str | None:
         """The run that ran out of data at a micro-batch no larger than ``name``'s."""
-        entry, ceiling = self._entries.get(name), self._data_ceiling_size()
-        if entry is None or ceiling is None or entry.micro_batch_size < ceiling:
+        entry, ceiling = self._entries.get(name), self._data_ceiling()
+        if entry is None or ceiling is None:
             return None
-        return self._data_ceiling
+        return (
+            ceiling if entry.micro_batch_size >= self._entries[ceiling].micro_batch_size else None
+        )
 
     def _pruned_by_data(self) -> dict[str, str]:
         """Why no micro-batch at or above the data bound runs, once for all variants and
         for each such configuration already considered."""
-        ceiling = self._data_ceiling
+        ceiling = self._data_ceiling()
         if ceiling is None:
             return {}
         size = self._entries[ceiling].micro_batch_size

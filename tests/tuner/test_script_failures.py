@@ -107,3 +107,26 @@ def test_one_ok_experiment_keeps_the_run_going_past_identical_errors() -> None:
     tuner.tell(Landscape().run(first))
     asked = drive(tuner, Failing(argparse_exit))
     assert len(asked) > SAME_FAILURE_LIMIT
+
+
+def test_a_micro_batch_that_ran_ok_somewhere_is_not_bounded_by_an_early_end() -> None:
+    """One variant's run ended early at a size another ran ok at: the data suffices there, so
+    that end says nothing about the micro-batch and bounds no other variant."""
+    landscape = Landscape()
+    tuner = fast_tuner(landscape.budget_bytes, tuner_early_stopping=99)
+    first = tuner.ask()
+    assert first is not None and first.stage == 0
+    tuner.tell(landscape.run(first))
+    assert landscape.run(first).ok
+    probes, ended_early = [], []
+    while (candidate := tuner.ask()) is not None:
+        if candidate.stage == 1 and candidate.micro_batch_size == first.micro_batch_size:
+            ended_early.append(candidate.name)
+            tuner.tell(ExperimentResult(candidate.name, Status.error, error=out_of_data(candidate)))
+            continue
+        probes.append(candidate)
+        tuner.tell(landscape.run(candidate))
+    assert max(c.micro_batch_size for c in probes if c.stage == 2 and landscape.run(c).ok) == (
+        true_largest_fit(landscape, 2)
+    )
+    assert ended_early and not any(k.startswith("micro-batch >=") for k in tuner.summary().pruned)
