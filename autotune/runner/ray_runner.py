@@ -54,7 +54,12 @@ from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
 from autotune.runner.outcome import experiment_verdict
-from autotune.runner.rank import RankOutcome, failure_outcome, run_rank
+from autotune.runner.rank import (
+    RankOutcome,
+    failure_outcome,
+    import_before_process_groups,
+    run_rank,
+)
 
 RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
 """What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
@@ -140,6 +145,7 @@ class _RankActor:
             import torch  # the import a fresh launch pays every time, paid once here
 
             torch.set_num_threads(num_threads)
+            import_before_process_groups()  # else paid inside the first experiment
         self._rank_fn = rank_fn
         gc.freeze()
 
