@@ -134,6 +134,7 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
     from autotune.profiling.window import StepTimer
     from autotune.workloads import resolve_workload
 
+    assert spec.workload is not None  # a spec without a script has one
     workload = resolve_workload(spec.workload, dict(spec.workload_args), seed=spec.seed)
     model = workload.model.to(device)
     config = spec.ds_config
