@@ -88,7 +88,11 @@ def run(
         Path | None, typer.Option("--config", "-c", help="DeepSpeed config; default: built-in.")
     ] = None,
     workload: Annotated[
-        str, typer.Option(help="gpt, mlp, hf_gpt2, or package.module:function.")
+        str,
+        typer.Option(
+            help="gpt, mlp, hf:<model_type> (e.g. hf:bert; needs transformers), "
+            "or package.module:function."
+        ),
     ] = DEFAULT_WORKLOAD,
     workload_arg: Annotated[
         list[str] | None,

@@ -1,18 +1,25 @@
-"""How fast each tuner finds a good config, on real experiments.
+"""How fast each tuner finds a good config: replayed on measured landscapes, or for real.
 
-Runs the built-in gpt workload at world size 2 over the full (``fast: false``) space three
-times, with gridsearch (every point), random and model_based (each capped at a quarter of the
-grid's size), and reports for each: experiments and wall time until it had run a config worth
->= 97% of the best one.
+**Replay** (the default): every landscape under ``results/landscapes/`` (measured by
+``experiments/landscape.py``: every configuration a tuner may ask for, repeated, interleaved)
+is replayed with each tuner over ``--seeds`` seeds; a :class:`~autotune.runner.table.TableRunner`
+answers each experiment with the configuration's measured median times a draw from the
+table's own noise. Reported per landscape and tuner: experiments until one within 2% of the
+table's best ran (median and 90th percentile over seeds; a run that never got there counts as
+never), the share of runs whose final choice is within 2%, and the final choice's median value
+as a share of the best.
 
-The yardstick: step times vary up to ±50% run to run, so the grid's single best measurement is
-mostly the luckiest one. The grid's top configurations are measured again (round by round, so
-a slow spell of the machine hits them alike) and the best is the one with the highest median
-of those repeats; the goal is 97% of that median. A config's worth is the median of its
-repeats if it was re-measured, else its grid measurement, so all three tuners are judged on
-the same numbers.
+    python experiments/bench_tuner.py [--seeds 100] [--out results/bench_tuner_replay.json]
 
-    python experiments/bench_tuner.py [--runner ray|local] [--top 3] [--repeats 3]
+**Real** (``--real``): runs the built-in gpt workload at world size 2 over the full
+(``fast: false``) space three times, with gridsearch (every point), random and model_based
+(each capped at a quarter of the grid's size), and reports for each: experiments and wall time
+until it had run a config worth >= 97% of the best one. The yardstick: step times vary up to
+±50% run to run, so the grid's single best measurement is mostly the luckiest one. The grid's
+top configurations are measured again (round by round) and the best is the one with the
+highest median of those repeats; the goal is 97% of that median.
+
+    python experiments/bench_tuner.py --real [--runner ray|local] [--top 3] [--repeats 3]
         [--out results/bench_tuner.json]
 """
 
@@ -20,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,10 +40,14 @@ from autotune.config import Metric, load_config
 from autotune.config.sizes import parse_size
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult
+from autotune.runner.table import Replay, TableRunner, replay
 from autotune.tuner import Candidate, Ranked, rank, repeat_name, split_repeat
 from autotune.tuning import Runner, TuningEvent, TuningJob, experiment_spec, tune
 
 TARGET = 0.97
+WITHIN = 0.98  # the replay's goal: within 2% of the table's best
+TUNERS = ("gridsearch", "random", "model_based")
+LANDSCAPES = Path(__file__).resolve().parents[1] / "results" / "landscapes"
 
 
 @dataclass(frozen=True)
@@ -206,17 +219,123 @@ def print_report(stick: Yardstick, rows: Mapping[str, Mapping[str, Any]], repeat
         )
 
 
+def replay_summary(runs: Sequence[Replay]) -> dict[str, Any]:
+    """Per tuner: experiments to within 2% (median, p90; None = never), share ending within 2%,
+    the final choice's median value as a share of the best, experiments run (median)."""
+    never = float("inf")
+    reach = sorted(r.experiments_to(WITHIN) or never for r in runs)
+    finals = [(r.final or 0.0) / r.best for r in runs]
+
+    def figure(value: float) -> float | None:
+        return None if value == never else value
+
+    return {
+        "seeds": len(runs),
+        "to_within_2pct_median": figure(statistics.median(reach)),
+        "to_within_2pct_p90": figure(reach[min(len(reach) - 1, math.ceil(0.9 * len(reach)) - 1)]),
+        "ends_within_2pct": sum(r.ends_within(WITHIN) for r in runs) / len(runs),
+        "final_value_median": statistics.median(finals),
+        "experiments_run_median": statistics.median(len(r.values) for r in runs),
+    }
+
+
+def replay_landscape(table: Mapping[str, Any], seeds: Iterable[int]) -> dict[str, dict[str, Any]]:
+    """Every tuner over ``seeds`` on one landscape."""
+    seeds = list(seeds)
+    return {t: replay_summary([replay(table, t, seed) for seed in seeds]) for t in TUNERS}
+
+
+def landscape_shape(table: Mapping[str, Any]) -> dict[str, Any]:
+    """The table's size, best and median configuration."""
+    runner = TableRunner(table)
+    medians = [v for name in table["configs"] if (v := runner.value(name)) is not None]
+    best = max(medians)
+    return {
+        "configs": len(table["configs"]),
+        "ok": len(medians),
+        "best": best,
+        "best_over_median": best / statistics.median(medians),
+    }
+
+
+def print_replay(results: Mapping[str, Mapping[str, Any]]) -> None:
+    def cell(value: float | None) -> str:
+        return "never" if value is None else f"{value:g}"
+
+    print(
+        f"{'landscape':24s} {'tuner':12s} {'to 2% med':>9s} {'p90':>6s} {'ends ≤2%':>8s} "
+        f"{'final':>6s} {'run':>4s}"
+    )
+    for name, result in results.items():
+        shape = result["shape"]
+        print(
+            f"{name} ({shape['ok']} ok configs, best {shape['best']:.1f}, "
+            f"best/median {shape['best_over_median']:.2f})"
+        )
+        for tuner, row in result["tuners"].items():
+            print(
+                f"{'':24s} {tuner:12s} {cell(row['to_within_2pct_median']):>9s} "
+                f"{cell(row['to_within_2pct_p90']):>6s} {row['ends_within_2pct']:8.0%} "
+                f"{row['final_value_median']:6.1%} {row['experiments_run_median']:4g}"
+            )
+
+
+def markdown_replay(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The replay as the README's table: one row per landscape, tuners side by side."""
+
+    def reach(row: Mapping[str, Any]) -> str:
+        def cell(value: float | None) -> str:
+            return "never" if value is None else f"{value:g}"
+
+        median, p90 = row["to_within_2pct_median"], row["to_within_2pct_p90"]
+        return f"{cell(median)} / {cell(p90)}"
+
+    head = "| landscape (best/median) | tuner | to 2%: median / p90 | ends ≤ 2% | final |"
+    lines = [head, "|---|---|---|---|---|"]
+    for name, result in results.items():
+        shape = result["shape"]
+        for tuner, row in result["tuners"].items():
+            label = f"{name} ({shape['best_over_median']:.2f})" if tuner == TUNERS[0] else ""
+            lines.append(
+                f"| {label} | {tuner} | {reach(row)} | {row['ends_within_2pct']:.0%} | "
+                f"{row['final_value_median']:.1%} |"
+            )
+    return "\n".join(lines)
+
+
+def main_replay(args: argparse.Namespace) -> None:
+    results = {}
+    for path in sorted(args.landscapes.glob("*.json")):
+        table = json.loads(path.read_text())
+        results[path.stem] = {
+            "shape": landscape_shape(table),
+            "tuners": replay_landscape(table, range(args.seeds)),
+        }
+    print_replay(results)
+    print()
+    print(markdown_replay(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"within": WITHIN, "landscapes": results}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real", action="store_true", help="run experiments, not a replay")
+    parser.add_argument("--seeds", type=int, default=100, help="replay: seeds per landscape")
+    parser.add_argument("--landscapes", type=Path, default=LANDSCAPES, help="replay: tables")
     parser.add_argument("--runner", choices=["ray", "local"], default="ray")
-    parser.add_argument("--out", type=Path, default=Path("results/bench_tuner.json"))
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--max-micro-batch", type=int, default=8, help="keeps each experiment to seconds"
     )
     parser.add_argument("--top", type=int, default=3, help="grid configs re-measured")
     parser.add_argument("--repeats", type=int, default=3, help="re-measurements of each")
     args = parser.parse_args()
-
+    if not args.real:
+        args.out = args.out or Path("results/bench_tuner_replay.json")
+        main_replay(args)
+        return
+    args.out = args.out or Path("results/bench_tuner.json")
     if args.runner == "ray":
         from autotune.runner.ray_runner import RayRunner
 

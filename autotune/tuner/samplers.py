@@ -50,6 +50,7 @@ class Subspace:
 
     label: str
     dims: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    best_so_far: float | None = None  # the variant's best score before this phase, if any
 
     def points(self) -> list[Point]:
         keys = [key for key, _ in self.dims]
@@ -113,7 +114,10 @@ class OptunaSampler:
     Until ``num_random`` outcomes are known (replayed ones included), points come from the
     seeded random order instead of TPE: Optuna's own start-up draws the variant first, so a
     9-point variant got as many tries as a 72-point one, and TPE then settled on whichever
-    variant's defaults did best.
+    variant's defaults did best. A subspace whose best score so far (``best_so_far``, from
+    earlier phases) trails the best subspace's by more than ``DEFER_BEHIND`` is left to the
+    end of that start-up: by a margin larger than the noise it is worse, so the few random
+    points go to the contenders (successive halving's idea, without dropping anything).
 
     Args:
         space: the subspaces.
@@ -142,6 +146,8 @@ class OptunaSampler:
         self._max_duplicates = max_duplicates
         self._num_random = num_random
         self._random = RandomSampler(space, seed)
+        deferred = _deferred(space)
+        self._random._order.sort(key=lambda p: p.label in deferred)  # stable: random otherwise
         self._asked: dict[Point, Any] = {}  # optuna.Trial
         self._worst = 0.0
         with warnings.catch_warnings():
@@ -251,6 +257,20 @@ class OptunaSampler:
                 if trial.value is not None:
                     self._worst = min(self._worst, trial.value)
         return told
+
+
+# How far behind the best a subspace must be to be deferred: above this machine's run-to-run
+# noise between medians, below the gaps the memory budget makes between stages.
+DEFER_BEHIND = 0.2
+
+
+def _deferred(space: Sequence[Subspace]) -> set[str]:
+    """Labels of subspaces whose best so far trails the best one's by more than DEFER_BEHIND."""
+    known = [s.best_so_far for s in space if s.best_so_far is not None]
+    if not known or max(known) <= 0:
+        return set()
+    cut = (1.0 - DEFER_BEHIND) * max(known)
+    return {s.label for s in space if s.best_so_far is not None and s.best_so_far < cut}
 
 
 def make_sampler(

@@ -2,12 +2,17 @@
 
 The flow (DeepSpeed's, with its bugs fixed), one phase after another:
 
-1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits: start at the
-   memory estimate's largest fit, descend on failure. An ``oom`` is a constraint: every larger
-   micro-batch with the same stage and knobs is pruned unrun. (No climbing above the estimate:
-   its margin is there so that the estimate is the answer; a climb would mostly buy OOMs.)
-2. ``micro_batch``: compare the ``num_tuning_micro_batch_sizes`` largest sizes that fit, per
-   variant, with the chosen sampler. ``fast: true`` (and no knob lists) stops the search here.
+1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits, exactly:
+   start at the memory estimate's largest fit; after a failure halve, after a fit climb (to
+   where the peak memory measured so far says memory ends, else the estimate without its
+   margin, else double) until a fit and a failure bracket it, then narrow the bracket (at the
+   measured-memory guess where it falls inside, else bisecting) to a fit and a failure one
+   size apart. An ``oom`` is a constraint: every larger micro-batch with the same stage
+   and knobs is pruned unrun. Variants are searched one after another, in an order the
+   tuner type decides (see :func:`variant_order`).
+2. ``micro_batch``: compare the largest fit and sizes about half apart below it
+   (``num_tuning_micro_batch_sizes`` in all), per variant, with the chosen sampler.
+   ``fast: true`` (and no knob lists) stops the search here.
 3. ``knobs``: each surviving variant at its best micro-batch, over its knobs.
 4. ``remeasure``: the top ``num_remeasure`` configurations run again (``<name>_r1``, ...) and
    the best is declared on the median of repeats — step times vary up to ±50% run to run.
@@ -25,22 +30,30 @@ with several at once proposes exactly what a one-at-a-time run would (given the 
 Every decision is derived from the results told so far, so a resumed run re-seeds the tuner by
 telling it the results log before asking (names identify configurations), in the order the
 experiments were proposed, with those left unfinished owed in their places (:meth:`Tuner.owe`).
+
+A script's model is unknown until an experiment measures it: :meth:`Tuner.learn_model` then
+brings in the memory estimate for what is not yet decided, keeping everything run, running or
+owed (ranked even where the estimate would now prune it). A tuner that knew the model from the
+start, told the same results, decides alike, so a resumed script run needs no replay of when
+the model was learnt.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError
+from autotune.config import Config, ConfigError, Metric, TunerType
 from autotune.experiment import ExperimentResult, Status, wall_time_s
 from autotune.tuner.naming import MICRO_BATCH_KEY, STAGE_KEY, repeat_name, split_repeat
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
-from autotune.tuner.samplers import Point, Sampler, Subspace, make_sampler
-from autotune.tuner.space import Variant, VariantPlan, build_space
+from autotune.tuner.samplers import DEFER_BEHIND, Point, Sampler, Subspace, make_sampler
+from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
 from autotune.tuner.summary import TuningSummary
 
 if TYPE_CHECKING:
@@ -60,6 +73,8 @@ class Phase(str, enum.Enum):
 _PHASES = list(Phase)
 # Re-measured configurations in all, as a multiple of num_remeasure (see _extend_remeasure).
 MAX_REMEASURE_FACTOR = 2
+# Knob points model_based tries on its favourite variant before searching the others.
+FAVOURITE_KNOBS = 8
 
 
 @dataclass(frozen=True)
@@ -148,8 +163,9 @@ class Tuner:
         self._num_repeats = num_repeats
         if device_memory_bytes is None:
             device_memory_bytes = config.device_memory_bytes
-        self._space = build_space(config, model_info, device_memory_bytes)
-        self._pruned: dict[str, str] = dict(self._space.pruned)
+        self._device_memory_bytes = device_memory_bytes
+        self._model_info = model_info
+        self._pruned: dict[str, str] = {}
         self._entries: dict[str, _Entry] = {}
         self._results: dict[str, ExperimentResult] = {}
         self._order: list[str] = []  # names in the order they were told
@@ -166,9 +182,15 @@ class Tuner:
         self._clock = clock
         self._started = clock()
         self._replayed: list[ExperimentResult] = []
-        for plan in self._space.plans:
-            for size in plan.ladder:
-                self._register(plan.variant, size, ())
+        # Micro-batch runs at the config's own knobs, per variant: size → result.
+        self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
+        # Every such run's name, of any variant searched with or without the model's size.
+        self._size_names: dict[str, tuple[Variant, int]] = {}
+        self._use_space(build_space(config, model_info, device_memory_bytes))
+        if model_info is not None and self._space.pruned:
+            # What a run that did not know the model yet may have tried (a script's first
+            # experiments), so that their results, told from history, are ranked too.
+            self._add_size_names(build_space(config, None, device_memory_bytes))
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -213,6 +235,22 @@ class Tuner:
                 return candidate
         return None
 
+    def learn_model(self, model_info: ModelInfo) -> None:
+        """Learn the model's size mid-run (a script's, measured by its first experiment).
+
+        The memory estimate then prunes variants, and moves where each variant's search for
+        its largest micro-batch goes next and the order variants are searched in; the knob
+        grids follow the model's size. Every result, pending and owed experiment is kept, and
+        ranked whatever the estimate now says: what ran is measured, the estimate is a guess.
+        Phases already started keep their candidates. A tuner that knew the model from the
+        start and was told the same results decides alike (a resumed run). Only the first
+        call counts.
+        """
+        if self._model_info is not None:
+            return
+        self._model_info = model_info
+        self._use_space(build_space(self._config, model_info, self._device_memory_bytes))
+
     def owe(self, name: str) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
         among the replayed results (call in the order they were proposed).
@@ -242,6 +280,9 @@ class Tuner:
                 self._proposed.append(result.name)
         self._results[result.name] = result
         self._order.append(result.name)
+        entry = self._entry(result.name)
+        if entry is not None and not entry.knobs:
+            self._size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
         self._note_oom(result.name)
         point = self._phase_points.get(result.name)
         if point is not None and self._sampler is not None:
@@ -301,8 +342,7 @@ class Tuner:
         if self._search_budget_spent():
             return None
         if self._phase is Phase.max_micro_batch:
-            targets = (self._probe_target(plan) for plan in self._space.plans)
-            return next((n for n in targets if n is not None and self._is_free(n)), None)
+            return self._next_owed_probe() or self._next_probe()
         if self._sampler is None:  # nothing to tune in this phase
             return None
         # What an interrupted run had running comes first, as it would have finished first.
@@ -318,29 +358,108 @@ class Tuner:
         point = self._sampler.ask(lambda p: self._is_open(self._point_names[p]))
         return self._point_names[point] if point is not None else None
 
-    def _probe_target(self, plan: VariantPlan) -> str | None:
+    def _next_probe(self) -> str | None:
+        """The next experiment of the search for each variant's largest micro-batch.
+
+        Variants in ``_probe_plans`` order; one whose next size is in flight lets the next
+        variant go meanwhile. ``model_based`` goes depth first: once a variant's largest fit is
+        known it runs the sizes the micro-batch phase would compare for it before searching
+        the next variant, so that the variant the prior favours is measured whole early.
+        """
+        depth_first = TunerType(self._tuning.tuner_type) is TunerType.model_based
+        for plan in self._probe_plans:
+            size = self._probe_size(plan)
+            if size is not None:
+                name = self._register(plan.variant, size, ())
+                if self._is_free(name):
+                    return name
+                continue
+            largest = self._largest_fit(plan.variant)
+            if depth_first and largest is not None:
+                for compared in plan.compared_sizes(largest):
+                    name = self._register(plan.variant, compared, ())
+                    if self._is_open(name):
+                        return name
+                favourite = self._favourite_knobs(plan) if plan is self._probe_plans[0] else None
+                if favourite is not None:
+                    return favourite
+        return None
+
+    def _next_owed_probe(self) -> str | None:
+        """A micro-batch probe an interrupted run had in flight, where the search it belongs
+        to is still open: it goes first, as it would have finished first, even if the plan
+        changed since it was proposed (the model's size learnt meanwhile)."""
+        plans = {plan.variant: plan for plan in self._space.plans}
+        for name in self._proposed:
+            if name not in self._owed or name not in self._size_names or not self._is_free(name):
+                continue
+            plan = plans.get(self._size_names[name][0])
+            if plan is None or self._probe_size(plan) is not None:
+                self._entry(name)
+                return name
+        return None
+
+    def _favourite_knobs(self, plan: VariantPlan) -> str | None:
+        """For the variant the prior favours: a few of its knob points at its best micro-batch
+        (seeded random order), before the other variants are searched."""
+        size = self._best_micro_batch(plan)
+        if size is None or not plan.knobs:
+            return None
+        points = Subspace(plan.variant.label, plan.knobs).points()
+        random.Random(self._tuning.seed).shuffle(points)
+        names = [self._register(plan.variant, size, p.values) for p in points[:FAVOURITE_KNOBS]]
+        # Early stopping holds here too: no better than the variant's micro-batch runs after
+        # ``tuner_early_stopping`` of them (in flight counting as no better) ends the burst.
+        before = [r for r in self._size_runs.get(plan.variant, {}).values() if r.ok]
+        best = max(
+            (score(r.metrics, self._tuning.metric) for r in before if r.metrics), default=None
+        )
+        tried = [n for n in names if not self._is_free(n)]
+        improved = any(
+            (r := self._results.get(n)) is not None
+            and r.ok
+            and r.metrics is not None
+            and (best is None or score(r.metrics, self._tuning.metric) > best)
+            for n in tried
+        )
+        if not improved and len(tried) >= self._tuning.tuner_early_stopping:
+            return None
+        return next((n for n in names if self._is_open(n)), None)
+
+    def _probe_size(self, plan: VariantPlan) -> int | None:
         """The next micro-batch in the search for the largest that fits ``plan``'s variant.
 
-        Descends from the start past failures; None once one fits (or nothing is left), or
-        while the one to try is in flight.
+        None once the largest fit is bracketed exactly (or nothing fits).
         """
-        names = {size: self._name(plan.variant, size, ()) for size in plan.ladder}
-        if any(self._status(name) is Status.ok for name in names.values()):
-            return None
-        # Sizes still worth trying: no result yet, not pruned (an invalid config, or at least
-        # as large as one that ran out of memory). An in-flight one makes us wait.
-        untried = [
-            s
-            for s in plan.ladder
-            if s <= plan.start
-            and self._status(names[s]) is None
-            and names[s] not in self._pruned
-            and not self._oom_pruner(names[s])
-        ]
-        if not untried:
-            return None
-        name = names[max(untried)]
-        return name if self._is_free(name) else None
+        runs = self._size_runs.get(plan.variant, {})
+        ladder = plan.ladder
+        fit = max((s for s, r in runs.items() if r.ok), default=None)
+        # The smallest failure above the largest fit (an error counts: nothing above it is
+        # worth a run either).
+        failure = min(
+            (s for s, r in runs.items() if not r.ok and (fit is None or s > fit)), default=None
+        )
+        low = 0 if fit is None else bisect.bisect_right(ladder, fit)
+        high = len(ladder) if failure is None else bisect.bisect_left(ladder, failure)
+        if low >= high:
+            return None  # bracketed: ``fit`` is the largest that fits
+        if fit is None and failure is None:
+            size = plan.start
+        elif fit is None:
+            assert failure is not None
+            size = ladder[max(0, bisect.bisect_right(ladder, failure // 2) - 1)]
+        else:
+            guess = _memory_guess(plan, runs)
+            if guess is not None and (failure is None or guess < failure):
+                # The guess, or the next size up when memory says ``fit`` is the largest.
+                size = max(ladder[max(0, bisect.bisect_right(ladder, guess) - 1)], ladder[low])
+            elif failure is None:  # climb: to the estimate without its margin, else doubling
+                ceiling = plan.ceiling
+                target = ceiling if ceiling is not None and ceiling > fit else 2 * fit
+                size = ladder[min(len(ladder) - 1, bisect.bisect_left(ladder, target))]
+            else:
+                size = ladder[(low + high) // 2]
+        return size
 
     def _advance(self) -> None:
         """Move to the next phase that has something to do."""
@@ -358,16 +477,18 @@ class Tuner:
     def _start_micro_batch_phase(self) -> None:
         subspaces, names = [], {}
         for plan in self._space.plans:
-            largest = self._largest_fit(plan)
+            largest = self._largest_fit(plan.variant)
             if largest is None:
                 self._pruned.setdefault(plan.variant.label, "no micro-batch ran ok")
                 continue
-            sizes = [s for s in plan.ladder if s <= largest][-plan.num_micro_batches :]
-            sizes.reverse()  # the grid tries large micro-batches (usually fastest) first
-            subspace = Subspace(plan.variant.label, ((MICRO_BATCH_KEY, tuple(sizes)),))
+            # Largest first: the grid tries large micro-batches (usually fastest) first.
+            sizes = plan.compared_sizes(largest)
+            subspace = Subspace(
+                plan.variant.label, ((MICRO_BATCH_KEY, sizes),), self._best_score(plan.variant)
+            )
             subspaces.append(subspace)
             for point in subspace.points():
-                names[point] = self._name(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
+                names[point] = self._register(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
         self._start_sampler(subspaces, names)
 
     def _start_knob_phase(self) -> None:
@@ -376,7 +497,7 @@ class Tuner:
             size = self._best_micro_batch(plan)
             if size is None or not plan.knobs:
                 continue
-            subspace = Subspace(plan.variant.label, plan.knobs)
+            subspace = Subspace(plan.variant.label, plan.knobs, self._best_score(plan.variant))
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._register(plan.variant, size, point.values)
@@ -463,6 +584,26 @@ class Tuner:
         ds_config.pop("autotuning", None)
         return ds_config
 
+    def _use_space(self, space: TuningSpace) -> None:
+        """Search ``space`` from now on (see :meth:`learn_model`)."""
+        self._space = space
+        self._pruned.update(space.pruned)
+        self._add_size_names(space)
+        self._probe_plans = variant_order(
+            space.plans,
+            self._tuning.tuner_type,
+            self._tuning.seed,
+            self._model_info,
+            self._config.world_size,
+        )
+
+    def _add_size_names(self, space: TuningSpace) -> None:
+        for plan in space.plans:
+            for size in plan.ladder:
+                self._size_names.setdefault(
+                    self._name(plan.variant, size, ()), (plan.variant, size)
+                )
+
     def _register(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
         name = self._name(variant, size, knobs)
         if name not in self._entries:
@@ -515,14 +656,56 @@ class Tuner:
         result = self._results.get(name)
         return result.status if result is not None else None
 
-    def _largest_fit(self, plan: VariantPlan) -> int | None:
-        names = {size: self._name(plan.variant, size, ()) for size in plan.ladder}
-        return max((s for s, n in names.items() if self._status(n) is Status.ok), default=None)
+    def _largest_fit(self, variant: Variant) -> int | None:
+        runs = self._size_runs.get(variant, {})
+        return max((s for s, r in runs.items() if r.ok), default=None)
 
     def _best_micro_batch(self, plan: VariantPlan) -> int | None:
-        names = {self._name(plan.variant, s, ()): s for s in plan.ladder}
-        ranking = rank((self._results[n] for n in names if n in self._results), self._tuning.metric)
-        return names[ranking[0].name] if ranking else None
+        """The best of the sizes the micro-batch phase compared (not of the memory search's)."""
+        largest = self._largest_fit(plan.variant)
+        if largest is None:
+            return None
+        runs = self._size_runs.get(plan.variant, {})
+        compared = [runs[s] for s in plan.compared_sizes(largest) if s in runs]
+        metric = self._tuning.metric
+        ranking = rank(compared, metric)
+        if not ranking:
+            return None
+        best = self._entries[ranking[0].name].micro_batch_size
+        if TunerType(self._tuning.tuner_type) is TunerType.model_based:
+            # The ZeRO model's prior: a larger micro-batch amortizes the step's fixed costs, so
+            # the largest fit stands unless a smaller one beat it by more than the noise.
+            at_largest = next((r for r in ranking if r.name == runs[largest].name), None)
+            if at_largest is not None and _close(at_largest.value, ranking[0].value, metric):
+                return largest
+        return best
+
+    def _best_score(self, variant: Variant) -> float | None:
+        """The variant's best result so far, any phase (None before one ran ok)."""
+        metric = self._tuning.metric
+        return max(
+            (
+                score(r.metrics, metric)
+                for name, r in self._results.items()
+                if r.ok
+                and r.metrics
+                and name in self._entries
+                and self._entries[name].variant == variant
+            ),
+            default=None,
+        )
+
+    def _is_largest_fit(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        if entry is None or entry.knobs:
+            return False
+        return self._largest_fit(entry.variant) == entry.micro_batch_size
+
+    def _entry(self, name: str) -> _Entry | None:
+        """The configuration ``name`` names, registering a micro-batch run told from history."""
+        if name not in self._entries and name in self._size_names:
+            self._register(*self._size_names[name], ())
+        return self._entries.get(name)
 
     def _tell_sampler(self, point: Point, result: ExperimentResult) -> None:
         assert self._sampler is not None
@@ -568,6 +751,65 @@ class Tuner:
                 value = score(result.metrics, self._tuning.metric)
             if value is not None and (best is None or value > best):
                 best, since = value, 0
-            elif name in self._phase_points:
+            elif name in self._phase_points and not self._is_largest_fit(name):
+                # The largest fit is the micro-batch search's result, run before this phase:
+                # where it falls among other variants' searches depends on what ran beside it.
                 since += 1
         return since
+
+
+def _close(value: float, best: float, metric: Metric) -> bool:
+    """``value`` within DEFER_BEHIND of ``best`` (a metric value, in its own direction)."""
+    if metric.lower_is_better:
+        return value * (1 - DEFER_BEHIND) <= best
+    return value >= (1 - DEFER_BEHIND) * best
+
+
+def _memory_guess(plan: VariantPlan, runs: Mapping[int, ExperimentResult]) -> int | None:
+    """The largest micro-batch that fits by the peak memory measured so far, or None.
+
+    Memory grows linearly with the micro-batch: through the two largest fits' peaks, or from
+    the largest with the estimate's activations per sample. Where the line is wrong the
+    bracket still closes: a guess outside it is not used.
+    """
+    if plan.estimate is None:
+        return None
+    peaks = sorted(
+        (size, r.metrics.peak_memory_bytes)
+        for size, r in runs.items()
+        if r.ok and r.metrics is not None and r.metrics.peak_memory_bytes > 0
+    )
+    if not peaks:
+        return None
+    size, peak = peaks[-1]
+    slope: float = plan.estimate.activation_bytes_per_sample
+    if len(peaks) > 1 and peaks[-1][1] > peaks[-2][1]:
+        slope = (peaks[-1][1] - peaks[-2][1]) / (peaks[-1][0] - peaks[-2][0])
+    if slope <= 0:
+        return None
+    return size + int((plan.estimate.budget_bytes - peak) // slope)
+
+
+def variant_order(
+    plans: Iterable[VariantPlan],
+    tuner_type: TunerType | str,
+    seed: int,
+    model_info: ModelInfo | None = None,
+    world_size: int = 1,
+) -> list[VariantPlan]:
+    """The order in which variants get their largest micro-batch searched.
+
+    gridsearch: stage order. random: a seeded shuffle. model_based: the most promising first,
+    by :func:`autotune.tuner.prior.predicted_throughput`; once any variant's largest fit is
+    known the micro-batch and knob phases follow in every variant anyway, so the order decides
+    how soon a good configuration runs, not what is found.
+    """
+    plans = list(plans)
+    kind = TunerType(tuner_type)
+    if kind is TunerType.random:
+        random.Random(seed).shuffle(plans)
+    elif kind is TunerType.model_based:
+        from autotune.tuner.prior import predicted_throughput
+
+        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info, world_size))
+    return plans

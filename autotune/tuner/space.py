@@ -5,9 +5,11 @@ Defaults, each replaced by a list the user gives at that key:
 - **stages**: the user's stage if the config sets one, otherwise all four (as DeepSpeed's
   autotuner does); ``"all"`` or a list searches those.
 - **micro-batch sizes**: tuned unless the config fixes them (a micro-batch, or a global batch
-  with accumulation). The search descends a ladder of sizes, each about half the previous,
-  from the memory estimate's largest fit (or the largest allowed, without an estimate); the
-  ``num_tuning_micro_batch_sizes`` largest that fit are compared. A fixed
+  with accumulation). The search for the largest size that fits starts at the memory
+  estimate's largest fit (or the largest allowed, without an estimate), brackets it between a
+  fit and an ``oom`` and bisects to the exact size; then the largest fit and the
+  ``num_tuning_micro_batch_sizes`` - 1 sizes below it, each about half the previous, are
+  compared. A fixed
   ``train_batch_size`` admits only sizes that divide it (accumulation is derived); otherwise
   ``max_train_batch_size`` bounds the global batch.
 - **knobs** (``fast: false`` only): stage 1 ``reduce_bucket_size`` and
@@ -25,7 +27,7 @@ Everything else in the user's config is kept in every candidate.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, OffloadDevice
@@ -146,9 +148,11 @@ class VariantPlan:
 
     Attributes:
         variant: the stage and offload choice.
-        ladder: micro-batch sizes the search may visit, ascending.
+        ladder: micro-batch sizes the search may visit, ascending (every allowed size).
         start: where the search for the largest micro-batch that fits begins.
-        num_micro_batches: how many of the largest sizes that fit are compared.
+        num_micro_batches: how many sizes the micro-batch phase compares.
+        halving: compare sizes about half apart below the largest fit (the default), rather
+            than the largest fitting sizes of ``ladder`` (the user listed them).
         knobs: the knobs tuned after the micro-batch, each with the values tried.
         estimate: the memory estimate, when the model and a device budget are known.
     """
@@ -159,6 +163,27 @@ class VariantPlan:
     num_micro_batches: int
     knobs: tuple[tuple[str, tuple[Any, ...]], ...]
     estimate: MemoryEstimate | None = None
+    halving: bool = True
+
+    @property
+    def ceiling(self) -> int | None:
+        """The estimate's largest fit with no margin: above the start, a first guess at where
+        memory really ends (the margin covers what the estimate leaves out, often little)."""
+        if self.estimate is None:
+            return None
+        return replace(self.estimate, margin_fraction=0.0).max_micro_batch_size(self.ladder[-1])
+
+    def compared_sizes(self, largest_fit: int) -> tuple[int, ...]:
+        """The micro-batch sizes to compare once ``largest_fit`` is known, largest first.
+
+        Example:
+            >>> plan = VariantPlan(Variant(1), tuple(range(1, 65)), 64, 3, ())
+            >>> plan.compared_sizes(45)
+            (45, 22, 11)
+        """
+        fitting = tuple(s for s in self.ladder if s <= largest_fit)
+        chosen = halving_chain(fitting, largest_fit) if self.halving else fitting
+        return tuple(reversed(chosen[-self.num_micro_batches :]))
 
 
 @dataclass(frozen=True)
@@ -228,14 +253,16 @@ def build_space(
             estimate = estimate_memory(
                 model_info, config, stage, user_offload, device_memory_bytes, margin_fraction
             )
-            if not estimate.fits(sizes[0]) and not user_offload and stage > 0:
+            # Pruning is final, so it goes by the model states alone (the ZeRO formulas, which
+            # hold); the buffers, calibrated on one engine, only move the start and the order.
+            if not _states_fit(estimate, sizes[0]) and not user_offload and stage > 0:
                 offloaded = estimate_memory(
                     model_info, config, stage, True, device_memory_bytes, margin_fraction
                 )
-                if offloaded.fits(sizes[0]):
+                if _states_fit(offloaded, sizes[0]):
                     pruned[variant.label] = f"{estimate.explain(sizes[0])}; offloading instead"
                     variant, estimate = Variant(stage, True), offloaded
-            if not estimate.fits(sizes[0]):
+            if not _states_fit(estimate, sizes[0]):
                 pruned[variant.label] = estimate.explain(sizes[0])
                 continue
         # Sizes whose config breaks a rule (e.g. one that cannot keep a fixed global batch)
@@ -252,11 +279,18 @@ def build_space(
             continue
         largest = estimate.max_micro_batch_size(valid[-1]) if estimate else valid[-1]
         start = max((s for s in valid if s <= largest), default=valid[0])
-        ladder = tuple(valid) if user_chose_sizes else _ladder(tuple(valid), start)
         knobs = _knob_dims(config, stage, num_params)
-        count = len(ladder) if user_chose_sizes else config.autotuning.num_tuning_micro_batch_sizes
-        plans.append(VariantPlan(variant, ladder, start, count, knobs, estimate))
+        count = len(valid) if user_chose_sizes else config.autotuning.num_tuning_micro_batch_sizes
+        plans.append(
+            VariantPlan(
+                variant, tuple(valid), start, count, knobs, estimate, halving=not user_chose_sizes
+            )
+        )
     return TuningSpace(tuple(plans), fixed, base, pruned)
+
+
+def _states_fit(estimate: MemoryEstimate, micro_batch_size: int) -> bool:
+    return replace(estimate, buffer_bytes=0).fits(micro_batch_size)
 
 
 def _overrides(
@@ -305,11 +339,11 @@ def micro_batch_sizes(config: Config) -> tuple[tuple[int, ...], bool]:
     return sizes, False
 
 
-def _ladder(sizes: tuple[int, ...], start: int) -> tuple[int, ...]:
-    """Sizes from ``sizes``, each about half the previous, from ``start`` down to the smallest.
+def halving_chain(sizes: tuple[int, ...], start: int) -> tuple[int, ...]:
+    """Sizes from ``sizes``, each about half the previous, from ``start`` down, ascending.
 
-    Halving keeps the search short: the throughput curve flattens, so sizes in between rarely
-    matter, and a failure at the start costs a logarithmic number of runs.
+    The throughput curve flattens with the micro-batch, so sizes about half apart show its
+    shape with few experiments.
     """
     chain = [start]
     while below := [s for s in sizes if s <= chain[-1] // 2]:

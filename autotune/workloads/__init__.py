@@ -5,7 +5,7 @@ Nothing here downloads anything.
 
 from autotune.workloads.base import MakeBatch, Workload, WorkloadError
 from autotune.workloads.gpt import GPT, GPT_SIZES, GPTConfig, build_gpt
-from autotune.workloads.hf import build_hf_gpt2
+from autotune.workloads.hf import build_hf, build_hf_gpt2
 from autotune.workloads.mlp import MLP, build_mlp
 from autotune.workloads.registry import (
     BUILTIN_WORKLOADS,
@@ -25,6 +25,7 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "build_gpt",
+    "build_hf",
     "build_hf_gpt2",
     "build_mlp",
     "check_workload",

@@ -1,7 +1,9 @@
 """Hugging Face ``transformers`` models built from their config class, with random weights.
 
-Nothing is downloaded: the model comes from ``GPT2Config`` alone, so users can tune the shape
-they really train without hub access. ``transformers`` is an optional dependency.
+``hf:<model_type>`` builds any architecture ``transformers`` knows from its default config
+(``AutoConfig.for_model(model_type, **overrides)``) with a training head and synthetic batches.
+Nothing is downloaded, so users can tune the shape they really train without hub access.
+``transformers`` is an optional dependency.
 """
 
 from __future__ import annotations
@@ -13,18 +15,126 @@ from torch import nn
 
 from autotune.workloads.base import Workload, WorkloadError
 
+HF_PREFIX = "hf:"
+# Heads by preference: an encoder (bert) pre-trains as a masked LM, a decoder (gpt2, llama)
+# has no masked head and trains as a causal LM; anything else gets sequence classification.
+HEADS = ("masked_lm", "causal_lm", "sequence_classification")
+
 
 class _LossOnly(nn.Module):
-    """Adapts a causal-LM ``forward(input_ids, labels=...)`` to ``forward(idx) -> loss``."""
+    """Adapts a model with a head, ``forward(input_ids, labels=...)``, to return the loss."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        # The HF model shifts the labels itself, so the inputs are their own targets.
-        loss: torch.Tensor = self.model(input_ids=idx, labels=idx).loss
+    def forward(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss: torch.Tensor = self.model(input_ids=idx, labels=labels).loss
         return loss
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:
+        raise WorkloadError(
+            "hf workloads need the 'transformers' package (pip install transformers)"
+        ) from exc
+    return transformers
+
+
+def _head_class(transformers: Any, config: Any, head: str | None) -> tuple[str, Any]:
+    """The head to train and its ``AutoModelFor*`` class: ``head``, else the first that fits."""
+    auto = {
+        "causal_lm": transformers.AutoModelForCausalLM,
+        "masked_lm": transformers.AutoModelForMaskedLM,
+        "sequence_classification": transformers.AutoModelForSequenceClassification,
+    }
+    if head is not None and head not in auto:
+        raise WorkloadError(f"head {head!r} is not one of {', '.join(HEADS)}")
+    for name in [head] if head else HEADS:
+        assert name is not None
+        # The auto class's mapping is keyed by config class: membership says it has the head.
+        if type(config) in auto[name]._model_mapping:  # no public lookup
+            return name, auto[name]
+    raise WorkloadError(f"model type {config.model_type!r} has no {head or 'training'} head")
+
+
+def build_hf(
+    model_type: str, seq_len: int = 128, head: str | None = None, **overrides: Any
+) -> Workload:
+    """The ``hf:<model_type>`` workload: a ``transformers`` model with random weights.
+
+    Args:
+        model_type: a ``transformers`` model type (``gpt2``, ``bert``, ``distilbert``,
+            ``deberta-v2``, ``llama``, ...).
+        seq_len: tokens per sample (at most the config's position limit).
+        head: ``causal_lm``, ``masked_lm`` or ``sequence_classification``; default the first
+            the architecture has, in that order.
+        **overrides: fields of the model's config (``n_layer=4``, ``num_hidden_layers=2``,
+            ``vocab_size=8192``); dropouts default to 0 here so steps are comparable.
+
+    Returns:
+        The workload; ``make_batch`` gives ``(input_ids, labels)``: random token ids and, for a
+        language-model head, the same ids as labels (the model shifts them for a causal LM),
+        else random class labels.
+
+    Raises:
+        WorkloadError: ``transformers`` is missing, the model type or a field is unknown, or the
+            architecture has no such head.
+    """
+    transformers = _transformers()
+    try:
+        defaults = transformers.AutoConfig.for_model(model_type)
+    except ValueError as exc:
+        raise WorkloadError(
+            f"unknown transformers model type {model_type!r} (see transformers.CONFIG_MAPPING)"
+        ) from exc
+    fields: dict[str, Any] = {k: 0.0 for k in _DROPOUTS if hasattr(defaults, k)}
+    for key in overrides:
+        if not hasattr(defaults, key):
+            raise WorkloadError(f"{type(defaults).__name__} has no field {key!r}")
+    vocab = int(overrides.get("vocab_size", defaults.vocab_size))
+    # Special tokens outside a reduced vocabulary would index past the embedding.
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        token = getattr(defaults, key, None)
+        if isinstance(token, int) and token >= vocab:
+            fields[key] = vocab - 1
+    transformers.logging.set_verbosity_error()  # "add is_decoder", "loss_type=None", ...
+    config = transformers.AutoConfig.for_model(model_type, **{**fields, **overrides})
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit is not None and seq_len > limit:
+        raise WorkloadError(f"seq_len {seq_len} exceeds the model's {limit} positions")
+    head_name, auto_class = _head_class(transformers, config, head)
+    model = _LossOnly(auto_class.from_config(config))
+    num_labels = int(getattr(config, "num_labels", 2))
+
+    def make_batch(micro_batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        shape = (micro_batch_size, seq_len)
+        idx = torch.randint(vocab, shape, generator=generator, device=generator.device)
+        if head_name == "sequence_classification":
+            labels = torch.randint(
+                num_labels, (micro_batch_size,), generator=generator, device=generator.device
+            )
+            return (idx, labels)
+        return (idx, idx)
+
+    return Workload(model=model, make_batch=make_batch)
+
+
+_DROPOUTS = (
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout",
+    "classifier_dropout",
+    "seq_classif_dropout",
+)
 
 
 def build_hf_gpt2(
@@ -35,7 +145,7 @@ def build_hf_gpt2(
     vocab: int = 8192,
     **config_kwargs: Any,
 ) -> Workload:
-    """The ``hf_gpt2`` workload: ``transformers.GPT2LMHeadModel`` with random weights.
+    """The ``hf_gpt2`` workload: ``hf:gpt2`` at a small size, in the built-in gpt's terms.
 
     Args:
         n_layer: ``GPT2Config.n_layer``.
@@ -49,40 +159,18 @@ def build_hf_gpt2(
     modules.
 
     Returns:
-        The workload; ``make_batch`` gives ``(idx,)`` of shape ``(B, seq_len)``.
+        The workload; ``make_batch`` gives ``(idx, idx)`` of shape ``(B, seq_len)``.
 
     Raises:
         WorkloadError: ``transformers`` is not installed.
     """
-    try:
-        from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError as exc:
-        raise WorkloadError(
-            "hf_gpt2 needs the 'transformers' package (pip install transformers)"
-        ) from exc
-    fields: dict[str, Any] = {
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        # GPT-2's special tokens (50256) must lie inside a smaller vocabulary.
-        "bos_token_id": vocab - 1,
-        "eos_token_id": vocab - 1,
-    }
-    fields.update(config_kwargs)
-    config = GPT2Config(
+    return build_hf(
+        "gpt2",
+        seq_len=seq_len,
         n_layer=n_layer,
         n_embd=d_model,
         n_head=n_head,
         n_positions=seq_len,
         vocab_size=vocab,
-        **fields,
+        **config_kwargs,
     )
-    model = _LossOnly(GPT2LMHeadModel(config))
-
-    def make_batch(micro_batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-        idx = torch.randint(
-            vocab, (micro_batch_size, seq_len), generator=generator, device=generator.device
-        )
-        return (idx,)
-
-    return Workload(model=model, make_batch=make_batch)

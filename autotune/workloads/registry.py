@@ -1,7 +1,8 @@
-"""Turning a workload spec (``gpt`` or ``package.module:function``) into a ``Workload``."""
+"""Turning a workload spec (``gpt``, ``hf:bert``, ``package.module:function``) into a Workload."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -15,7 +16,7 @@ from torch import nn
 
 from autotune.workloads.base import Workload, WorkloadError
 from autotune.workloads.gpt import build_gpt
-from autotune.workloads.hf import build_hf_gpt2
+from autotune.workloads.hf import HF_PREFIX, build_hf, build_hf_gpt2
 from autotune.workloads.mlp import build_mlp
 
 BUILTIN_WORKLOADS: dict[str, Callable[..., Workload]] = {
@@ -54,7 +55,9 @@ def find_factory(spec: str) -> Callable[..., Any]:
     """The function a workload spec names, imported but not called.
 
     Args:
-        spec: A built-in name (``"gpt"``) or ``"package.module:function"``.
+        spec: A built-in name (``"gpt"``), ``"hf:<model_type>"`` (any ``transformers``
+            architecture, built offline from its default config) or
+            ``"package.module:function"``.
 
     Returns:
         The factory.
@@ -67,13 +70,18 @@ def find_factory(spec: str) -> Callable[..., Any]:
         raise WorkloadError(
             f"workload {spec!r}: expected a built-in name or 'package.module:function'"
         )
+    if spec.startswith(HF_PREFIX):
+        model_type = spec[len(HF_PREFIX) :]
+        if not model_type:
+            raise WorkloadError(f"workload {spec!r}: expected hf:<model_type>, e.g. hf:bert")
+        return functools.partial(build_hf, model_type)
     if ":" not in spec:
         if spec in BUILTIN_WORKLOADS:
             return BUILTIN_WORKLOADS[spec]
         raise WorkloadError(
             f"workload {spec!r}: unknown built-in workload; built-ins are "
-            f"{', '.join(sorted(BUILTIN_WORKLOADS))}, and a user workload is named "
-            "'package.module:function'"
+            f"{', '.join(sorted(BUILTIN_WORKLOADS))}, hf:<model_type> builds a transformers "
+            "model, and a user workload is named 'package.module:function'"
         )
     match = _USER_SPEC.fullmatch(spec)
     if match is None:

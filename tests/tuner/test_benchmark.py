@@ -1,5 +1,12 @@
-"""model_based on a landscape shaped like real measurements: near the grid's best, in a quarter
-of the grid's experiments (median over 10 seeds)."""
+"""model_based on a landscape shaped like real measurements: near the grid's best, in two
+fifths of the grid's experiments (median over 10 seeds).
+
+Two fifths, not a quarter as before: finding each variant's largest micro-batch exactly costs
+about two experiments more per variant than stopping at the estimate did, and model_based now
+spends 8 experiments on the knobs of the variant its prior favours before searching the
+others (which halves the experiments to a near-best configuration on the measured
+gpt_vocab landscape, see the README); here every variant is within a few per cent of the
+others and the favourite is not the best, so those 8 buy nothing."""
 
 from __future__ import annotations
 
@@ -32,11 +39,11 @@ def tuner(
     return Tuner(load_config(raw, 2), MODEL, device_memory_bytes=budget, num_repeats=NUM_REPEATS)
 
 
-def test_model_based_reaches_97_percent_of_the_grid_optimum_in_a_quarter_of_its_size() -> None:
+def test_model_based_reaches_97_percent_of_the_grid_optimum_in_two_fifths_of_its_size() -> None:
     truth = Landscape()  # noise-free: how good a configuration really is
     grid = drive(tuner("gridsearch", 0, 10_000, 0, patience=10_000), Landscape(noise=0.03))
     optimum = max(truth.throughput(c.ds_config) for c in grid if truth.run(c).ok)
-    allowed = len(grid) // 4  # every experiment counts, re-measurements included
+    allowed = len(grid) * 2 // 5  # every experiment counts, re-measurements included
 
     ratios, used = [], []
     for seed in SEEDS:

@@ -2,29 +2,73 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from autotune.config import load_config
 from autotune.tuner import Phase, Tuner
 from tests.tuner.landscape import MODEL, Landscape, drive
 
 
-def test_fast_stops_after_stages_and_micro_batches() -> None:
-    config = load_config(
-        {
-            "autotuning": {
-                "tuner_type": "gridsearch",
-                "num_remeasure": 0,
-                "tuner_early_stopping": 99,
-            }
-        },
-        2,
+def fast_tuner(budget: int | None, **autotuning: object) -> Tuner:
+    raw = {"autotuning": {"tuner_type": "gridsearch", "num_remeasure": 0, **autotuning}}
+    return Tuner(load_config(raw, 2), MODEL, device_memory_bytes=budget)
+
+
+def true_largest_fit(landscape: Landscape, stage: int, cap: int = 1024) -> int:
+    def config(size: int) -> dict[str, object]:
+        return {
+            "zero_optimization": {"stage": stage},
+            "train_micro_batch_size_per_gpu": size,
+            "gradient_accumulation_steps": 1,
+        }
+
+    return max(
+        s for s in range(1, cap + 1) if landscape.peak_bytes(config(s)) <= landscape.budget_bytes
     )
-    tuner = Tuner(config, MODEL, device_memory_bytes=Landscape().budget_bytes)
+
+
+def test_fast_stops_after_stages_and_micro_batches() -> None:
+    tuner = fast_tuner(Landscape().budget_bytes, tuner_early_stopping=99)
     asked = drive(tuner, Landscape())
     assert {c.phase for c in asked} == {Phase.max_micro_batch, Phase.micro_batch}
     assert {c.stage for c in asked} == {0, 1, 2, 3}
-    per_stage = {s: [c.micro_batch_size for c in asked if c.stage == s] for s in range(4)}
-    assert all(len(sizes) == 3 for sizes in per_stage.values())  # num_tuning_micro_batch_sizes
+    for stage in range(4):
+        largest = true_largest_fit(Landscape(), stage)
+        compared = [
+            c.micro_batch_size for c in asked if c.stage == stage and c.phase is Phase.micro_batch
+        ]
+        # The largest fit (run by the search) and two sizes about half apart below it.
+        assert compared == [largest // 2, largest // 4]
     assert tuner.summary().stop_reason == "search space exhausted"
+
+
+@pytest.mark.parametrize(
+    ("told_budget", "real_budget"),
+    [
+        (1_500_000_000, 1_500_000_000),  # the estimate is close: climb past its margin, bisect
+        (1_500_000_000, 900_000_000),  # it overestimates: halve, then bisect
+        (None, 1_500_000_000),  # no estimate: from the largest allowed size down
+    ],
+)
+def test_the_largest_micro_batch_is_found_exactly_by_bracketing_then_bisecting(
+    told_budget: int | None, real_budget: int
+) -> None:
+    landscape = Landscape(budget_bytes=real_budget)
+    tuner = fast_tuner(told_budget, max_train_micro_batch_size_per_gpu=256)
+    asked = drive(tuner, landscape)
+    for stage in range(4):
+        probes = [c for c in asked if c.stage == stage and c.phase is Phase.max_micro_batch]
+        largest = true_largest_fit(landscape, stage, cap=256)
+        fits = [c.micro_batch_size for c in probes if landscape.run(c).ok]
+        failures = [c.micro_batch_size for c in probes if not landscape.run(c).ok]
+        assert max(fits) == largest and min(failures) == largest + 1  # exact: bracketed to 1
+        # Bisection: a logarithmic number of runs (about 4 with a close estimate, 8 for 1..256).
+        print(
+            f"budget {told_budget}/{real_budget} z{stage}: {[c.micro_batch_size for c in probes]}"
+        )
+        assert len(probes) <= (4 if told_budget == real_budget else 2 + math.ceil(math.log2(256)))
 
 
 def test_slow_mode_tunes_each_surviving_stage_at_its_best_micro_batch() -> None:
@@ -72,3 +116,15 @@ def test_nothing_ok_means_no_optimal_config() -> None:
     drive(tuner, Landscape(budget_bytes=1))
     assert tuner.optimal_config() is None and tuner.summary().best is None
     assert "z0" in tuner.summary().pruned
+
+
+def test_model_based_measures_its_favourite_variant_whole_before_searching_the_next() -> None:
+    tuner = fast_tuner(Landscape().budget_bytes, tuner_type="model_based", tuner_early_stopping=99)
+    asked = drive(tuner, Landscape())
+    first = asked[0].stage
+    switch = next(i for i, c in enumerate(asked) if c.stage != first)
+    sizes = [c.micro_batch_size for c in asked[:switch]]
+    largest = true_largest_fit(Landscape(), first)
+    assert largest in sizes and sizes[-2:] == [largest // 2, largest // 4]
+    grid = fast_tuner(Landscape().budget_bytes, tuner_early_stopping=99)
+    assert sorted(c.name for c in asked) == sorted(c.name for c in drive(grid, Landscape()))

@@ -1,8 +1,11 @@
-"""The model-based sampler on its own: its start-up follows the seeded random order."""
+"""The samplers on their own, and the order in which each tuner searches the variants."""
 
 from __future__ import annotations
 
-from autotune.tuner import OptunaSampler, Point, RandomSampler, Subspace
+from autotune.config import load_config
+from autotune.tuner import OptunaSampler, Point, RandomSampler, Subspace, Tuner, build_space
+from autotune.tuner.session import variant_order
+from tests.tuner.landscape import MODEL
 
 SPACE = [
     Subspace("small", (("a", (1, 2)),)),
@@ -23,3 +26,42 @@ def test_points_before_the_model_are_the_random_order_not_one_variant_at_a_time(
         sampler.tell(point, score=float(len(run)))
     proposed = sampler.ask(lambda p: p not in run)  # now the model's, still an open point
     assert proposed is not None and proposed not in run
+
+
+def test_a_variant_clearly_behind_waits_until_the_contenders_had_their_start_up() -> None:
+    behind = [
+        Subspace("small", SPACE[0].dims, best_so_far=100.0),
+        Subspace("large", SPACE[1].dims, best_so_far=70.0),  # 30% behind: deferred
+    ]
+    sampler = OptunaSampler(behind, seed=5, num_random=6)
+    run: set[Point] = set()
+    labels = []
+    for _ in range(3):
+        point = sampler.ask(lambda p: p not in run)
+        assert point is not None
+        run.add(point)
+        labels.append(point.label)
+        sampler.tell(point, score=1.0)
+    assert labels == ["small", "small", "large"]  # both of small's points, then large's
+    close = [Subspace("small", SPACE[0].dims, 100.0), Subspace("large", SPACE[1].dims, 90.0)]
+    first = OptunaSampler(close, seed=5).ask(lambda p: True)
+    assert first == RandomSampler(SPACE, seed=5).ask(lambda p: True)  # within noise: as before
+
+
+def test_each_tuner_searches_the_variants_in_its_own_order() -> None:
+    # Small buckets: sharding frees memory, so stage 0 has the least room, stage 3 the most,
+    # and stage 2 has nearly as much at a third less communication than stage 3.
+    raw = {
+        "zero_optimization": {"reduce_bucket_size": 10**6, "stage3_max_live_parameters": 10**6},
+        "autotuning": {"num_remeasure": 0, "tuner_type": "model_based"},
+    }
+    config, budget = load_config(raw, 2), 700_000_000
+    plans = build_space(config, MODEL, budget).plans
+    labels = [p.variant.label for p in plans]
+    assert [p.variant.label for p in variant_order(plans, "gridsearch", 0)] == labels
+    shuffled = {tuple(p.variant.label for p in variant_order(plans, "random", s)) for s in range(8)}
+    assert len(shuffled) > 1  # seeded: each seed its own order
+    prior = [p.variant.label for p in variant_order(plans, "model_based", 0, MODEL)]
+    assert prior == ["z2", "z1", "z3", "z0"]
+    first = Tuner(config, MODEL, device_memory_bytes=budget).ask()
+    assert first is not None and first.name.startswith("z2_")

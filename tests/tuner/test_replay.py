@@ -1,0 +1,111 @@
+"""The tabular benchmark: TableRunner answers from a measured landscape; tuners replay on it."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autotune.experiment import ExperimentSpec, Status
+from autotune.runner.table import MissingMeasurement, TableRunner, replay
+
+LANDSCAPES = sorted((Path(__file__).resolve().parents[2] / "results" / "landscapes").glob("*.json"))
+TABLE = {
+    "configs": {
+        "z1_mbs2": {"status": "ok", "throughput": [9.0, 10.0, 12.0], "duration_s": [2.0, 2.0]},
+        "z1_mbs4": {"status": "ok", "throughput": [18.0, 20.0, 21.0], "duration_s": [3.0]},
+        "z1_mbs8": {"status": "oom", "throughput": [], "duration_s": [1.0]},
+        "z1_mbs4_oc1": {"status": "ok", "throughput": [30.0, 30.0, 30.0], "duration_s": [3.0]},
+    }
+}
+
+
+def run(runner: TableRunner, name: str, batch: int = 4) -> tuple[Status, float | None]:
+    result = runner.run(ExperimentSpec(name, {"train_batch_size": batch}))
+    return result.status, result.metrics.throughput if result.metrics else None
+
+
+def test_the_table_says_oom_and_the_median_plus_its_own_noise() -> None:
+    runner = TableRunner(TABLE, seed=3)
+    assert run(runner, "z1_mbs8")[0] is Status.oom
+    assert runner.value("z1_mbs4") == 20.0 and runner.best_value == 30.0
+    status, value = run(runner, "z1_mbs4")
+    # The noise is the table's own: each measurement's ratio to its configuration's median.
+    ratios = {9 / 10, 10 / 10, 12 / 10, 18 / 20, 20 / 20, 21 / 20}  # z1_mbs2, z1_mbs4
+    assert status is Status.ok and value is not None
+    assert any(value == pytest.approx(20.0 * r) for r in ratios)
+    # Seeded by the seed and the name: the same again, another draw for a re-measurement.
+    assert run(TableRunner(TABLE, seed=3), "z1_mbs4") == (status, value)
+    draws = {run(TableRunner(TABLE, seed=s), "z1_mbs4")[1] for s in range(30)}
+    assert len(draws) > 2
+
+
+def test_sizes_the_measurement_did_not_visit_follow_memory_and_interpolate() -> None:
+    runner = TableRunner(TABLE)
+    assert run(runner, "z1_mbs9")[0] is Status.oom  # above a size that ran out of memory
+    assert runner.value("z1_mbs3") == pytest.approx(15.0)  # between 2 (10.0) and 4 (20.0)
+    assert runner.value("z1_mbs1") == pytest.approx(5.0)  # from no throughput at size 0
+    with pytest.raises(MissingMeasurement, match="no measurement of z1_mbs6_oc1"):
+        runner.value("z1_mbs6_oc1")  # above what ran with these knobs, below no failure
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_every_tuner_replays_on_each_committed_landscape(path: Path) -> None:
+    table = json.loads(path.read_text())
+    assert table["how"]["repeats"] >= 3 and table["model_info"]["num_params"] > 0
+    for tuner_type in ("gridsearch", "random", "model_based"):
+        for seed in range(2):
+            result = replay(table, tuner_type, seed)  # asks only what the table measured
+            assert result.final is not None and result.values
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_on_real_measurements_the_search_finds_each_stages_largest_micro_batch(
+    path: Path,
+) -> None:
+    table = json.loads(path.read_text())
+    runner = TableRunner(table)
+    # The landscape's own answer, per variant at its default knobs: the largest size that ran
+    # and a failure one size above it (the measurement ran the same search).
+    largest: dict[str, int] = {}
+    for name in table["configs"]:
+        variant, _, rest = name.partition("_mbs")
+        if rest.isdigit() and runner.value(name) is not None:
+            largest[variant] = max(largest.get(variant, 0), int(rest))
+    cap = table["how"]["config"]["autotuning"]["max_train_micro_batch_size_per_gpu"]
+    bracketed = {v: s for v, s in largest.items() if s < cap}  # else the largest allowed fits
+    for variant, size in bracketed.items():
+        assert runner.value(f"{variant}_mbs{size + 1}") is None  # bracketed to one size
+    for tuner_type in ("random", "model_based"):
+        asked = replay(table, tuner_type, seed=1).names
+        for variant, size in largest.items():
+            assert f"{variant}_mbs{size}" in asked
+            assert variant not in bracketed or f"{variant}_mbs{size + 1}" in asked
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_each_landscape_separates_its_best_from_its_median_configuration(path: Path) -> None:
+    runner = TableRunner(json.loads(path.read_text()))
+    medians = sorted(v for n in runner.names if (v := runner.value(n)) is not None)
+    assert runner.best_value >= 1.2 * medians[len(medians) // 2]
+
+
+REPLAY_SEEDS = range(12)  # the benchmark runs 100; this many keep the medians' order
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_model_based_reaches_within_2_percent_in_half_randoms_experiments_and_at_most_12(
+    path: Path,
+) -> None:
+    table = json.loads(path.read_text())
+
+    def median_reach(tuner_type: str) -> float:
+        reach = [replay(table, tuner_type, s).experiments_to(0.98) for s in REPLAY_SEEDS]
+        return statistics.median(r if r is not None else math.inf for r in reach)
+
+    model_based, random = median_reach("model_based"), median_reach("random")
+    print(f"{path.stem}: model_based {model_based}, random {random}")
+    assert model_based <= 12 and model_based <= random / 2
