@@ -34,6 +34,25 @@ def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutc
     return RankOutcome(rank=rank, status=Status.ok, metrics=metrics, window_s=window_s)
 
 
+class SlowToStart:
+    """``stand_in_rank`` in an actor that takes ``start_s`` to start: it is unpickled there,
+    before the actor's constructor runs, and sleeps as it is."""
+
+    def __init__(self, start_s: float) -> None:
+        self.start_s = start_s
+
+    def __reduce__(self) -> tuple[object, tuple[float]]:
+        return _slow_to_unpickle, (self.start_s,)
+
+    def __call__(self, spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
+        return stand_in_rank(spec, rank, init_method)
+
+
+def _slow_to_unpickle(start_s: float) -> SlowToStart:
+    time.sleep(start_s)
+    return SlowToStart(start_s)
+
+
 def stand_in(
     name: str, world_size: int = 1, timeout_s: float = 60, **args: object
 ) -> ExperimentSpec:
@@ -119,6 +138,24 @@ def test_an_actor_that_died_while_idle_fails_one_experiment_and_is_replaced(
     again = runner.run(stand_in("replaced", world_size=2))
     assert again.ok, again.error
     assert victim not in {a.pid for a in runner.actors()}
+
+
+def test_a_new_gangs_start_up_does_not_count_against_the_timeout(runner: RayRunner) -> None:
+    runner.release_idle()  # the runner below needs a CPU this module's runner may hold
+    with RayRunner(rank_fn=SlowToStart(4.0), preload_torch=False) as slow:
+        result = slow.run(stand_in("after-a-slow-start", timeout_s=2))
+    assert result.status is Status.ok, result.error
+    assert result.duration_s >= 4  # the start-up is still the experiment's wall time
+
+
+def test_a_gang_that_never_starts_is_a_failed_experiment(runner: RayRunner) -> None:
+    runner.release_idle()
+    with RayRunner(
+        rank_fn=SlowToStart(600.0), preload_torch=False, actor_start_timeout_s=3
+    ) as never:
+        result = never.run(stand_in("never-starts", timeout_s=600))
+    assert result.status is Status.error
+    assert result.error == "RankStartError: the rank actors had not started within 3 s"
 
 
 _CTRL_C_DRIVER = """

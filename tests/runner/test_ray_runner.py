@@ -108,6 +108,26 @@ def test_an_exception_is_status_error_and_keeps_the_actors(
     assert_clean_run(runner, baseline)
 
 
+def test_an_exception_in_fresh_actors_releases_the_peer_and_keeps_them(
+    runner: RayRunner, baseline: list[ActorInfo]
+) -> None:
+    # Fresh actors, whose first optimizer (importing torch._dynamo) is built while the raising
+    # experiment's process group exists: the group must still be closed when rank 1 fails, or
+    # rank 0 waits in its collective until the runner gives up on it and replaces the gang.
+    runner.release_idle()
+    # A first experiment that fails on both ranks before building anything leaves the fresh
+    # actors idle, so their pids can be taken.
+    missing = runner.run(spec("missing", "tests.runner.faulty_workloads:no_such_workload"))
+    assert missing.status is Status.error, missing.error
+    fresh = pids(runner)
+    assert len(fresh) == 2 and fresh.isdisjoint(a.pid for a in baseline)
+
+    result = runner.run(spec("raise", FAULTY, {"fault": "raise", "rank_to_fail": 1}))
+    assert result.error == "ValueError: deliberate failure on rank 1", result.error
+    assert pids(runner) == fresh  # rank 0 reported its lost peer: nothing to replace
+    assert runner.run(spec("after-fresh")).ok
+
+
 def test_out_of_memory_is_status_oom_and_keeps_the_actors(
     runner: RayRunner, baseline: list[ActorInfo]
 ) -> None:
