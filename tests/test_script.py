@@ -124,6 +124,33 @@ def test_the_first_measured_experiment_gives_the_tuner_the_model_size(tmp_path: 
     assert second_stage and int(second_stage[0].removeprefix("z2_mbs")) < 64, runner.names
 
 
+def test_the_record_says_the_script_ran_not_a_workload(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.results import load_results
+
+    config = load_config(
+        {
+            "zero_optimization": {"stage": 1},
+            "train_micro_batch_size_per_gpu": [2, 4],
+            "autotuning": {"tuner_type": "gridsearch", "num_remeasure": 0},
+        },
+        world_size=2,
+    )
+    script = target(tmp_path, "--deepspeed", "ds.json")
+    job = TuningJob(config=config, results_dir=tmp_path / "results", script=script)
+    tune(job, MeasuringRunner())
+
+    spec = json.loads((job.results_dir / "exps" / "z1_mbs2" / "spec.json").read_text())
+    assert spec["workload"] is None and spec["workload_args"] == {}
+    assert spec["script"]["path"] == str(tmp_path / "train.py")
+    assert ExperimentSpec.from_dict(spec).target == "train.py"
+    assert set(load_results(job.results_dir)["target"]) == {"train.py"}
+    report = CliRunner().invoke(app, ["report", str(job.results_dir)])
+    assert report.exit_code == 0 and "(train.py)" in report.stdout, report.stdout
+
+
 class ConservativeEstimateRunner:
     """A script whose model (62M parameters) the estimate says cannot fit at stage 0 in
     1 GiB, yet stage 0 runs, fastest: the first experiment (stage 0, chosen before the model
