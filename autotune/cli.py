@@ -30,6 +30,7 @@ app = typer.Typer(
 )
 
 EXIT_BAD_INPUT = 2
+EXIT_NOTHING_RAN_OK = 1
 EXIT_INTERRUPTED = 130
 
 
@@ -223,6 +224,10 @@ def run(
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
     print_report(console, report)
+    if report.summary.best is None:
+        # Nothing to train with: a script or pipeline calling autotune must see that.
+        typer.echo(f"error: no experiment ran ok; stopped: {report.summary.stop_reason}", err=True)
+        raise typer.Exit(EXIT_NOTHING_RAN_OK)
 
 
 def _make_runner(kind: RunnerKind, ray_address: str | None, gpus_per_rank: float | None) -> Any:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
@@ -51,3 +52,35 @@ def test_validate_missing_file_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.json")])
     assert result.exit_code == 2
     assert "config file not found" in result.stderr
+
+
+def test_run_exits_1_naming_the_error_when_every_experiment_fails_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workload (or script) that fails the same way in every config: the run stops after a
+    few experiments, records them, and exits non-zero with the error on stderr."""
+    import contextlib
+
+    import autotune.cli
+    from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+
+    error = "ValueError: the dataset path does not exist"
+    ran: list[str] = []
+
+    class Broken:
+        def run(self, spec: ExperimentSpec) -> ExperimentResult:
+            ran.append(spec.name)
+            return ExperimentResult(spec.name, Status.error, error=error)
+
+    monkeypatch.setattr(
+        autotune.cli, "_make_runner", lambda *args: contextlib.nullcontext(Broken())
+    )
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"autotuning": {"tuner_num_trials": 20}}))
+    tiny = ["-a", "n_layer=1", "-a", "d_model=16", "-a", "n_head=2", "-a", "seq_len=8"]
+    args = ["run", "-c", str(config), "--results-dir", str(tmp_path / "r"), "-q", *tiny]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert error in result.stderr and "same error" in result.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["num_failed"] == len(ran) < 20 and error in summary["stop_reason"]

@@ -8,8 +8,11 @@ The flow (DeepSpeed's, with its bugs fixed), one phase after another:
    margin, else double) until a fit and a failure bracket it, then narrow the bracket (at the
    measured-memory guess where it falls inside, else bisecting) to a fit and a failure one
    size apart. An ``oom`` is a constraint: every larger micro-batch with the same stage
-   and knobs is pruned unrun. Variants are searched one after another, in an order the
-   tuner type decides (see :func:`variant_order`).
+   and knobs is pruned unrun. A script that ran out of data (:data:`RAN_OUT_OF_DATA`: its
+   loader has fewer batches at that micro-batch than the profile window needs) bounds every
+   variant alike: that micro-batch and every larger one are pruned everywhere. Variants are
+   searched one after another, in an order the tuner type decides (see
+   :func:`variant_order`).
 2. ``micro_batch``: compare the largest fit and sizes about half apart below it
    (``num_tuning_micro_batch_sizes`` in all), per variant, with the chosen sampler.
    ``fast: true`` (and no knob lists) stops the search here.
@@ -18,6 +21,8 @@ The flow (DeepSpeed's, with its bugs fixed), one phase after another:
    the best is declared on the median of repeats — step times vary up to ±50% run to run.
 
 Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a new best;
+the whole run ends once the first :data:`SAME_FAILURE_LIMIT` experiments all failed with the
+same error (a script that rejects a flag fails alike whatever the config);
 ``tuner_num_trials`` caps the search experiments (re-measurements are extra); once
 ``time_budget_s`` is spent nothing new is proposed.
 
@@ -43,6 +48,7 @@ from __future__ import annotations
 import bisect
 import enum
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -75,6 +81,12 @@ _PHASES = list(Phase)
 MAX_REMEASURE_FACTOR = 2
 # Knob points model_based tries on its favourite variant before searching the others.
 FAVOURITE_KNOBS = 8
+# The error a script's run ends with when it finished before the profile window did: the
+# runner's exception type names it (``autotune.runner.script.ScriptFinishedEarly``).
+RAN_OUT_OF_DATA = "ScriptFinishedEarly"
+# Experiments that all failed with the same error, and none ok, that end the run: a failure
+# that does not depend on the config would fail every remaining experiment too.
+SAME_FAILURE_LIMIT = 3
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,10 @@ class Tuner:
         self._owed: set[str] = set()  # proposed by an interrupted run, never finished
         self._pending: dict[str, Candidate] = {}
         self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
+        # Micro-batch → the first run at it whose script ran out of data, and the sizes that
+        # ran ok in any variant: together the bound on every variant (see _data_ceiling).
+        self._out_of_data: dict[int, str] = {}
+        self._ok_sizes: set[int] = set()
         self._phase = Phase.max_micro_batch
         self._sampler: Sampler | None = None
         self._phase_points: dict[str, Point] = {}  # name → point, for the sampler's phase
@@ -218,6 +234,11 @@ class Tuner:
         budget = self._tuning.time_budget_s
         if budget is not None and self.elapsed_s >= budget and self._phase is not Phase.done:
             self._finish(f"time budget of {budget:g} s spent")
+        if self._phase is not Phase.done and (error := self._same_failure()) is not None:
+            self._finish(
+                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
+                f"(numbers aside), so every other would too: {error}"
+            )
         while self._phase is not Phase.done:
             name = self._next_name()
             if name is None:
@@ -284,6 +305,7 @@ class Tuner:
         if entry is not None and not entry.knobs:
             self._size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
         self._note_oom(result.name)
+        self._note_micro_batch(result.name)
         point = self._phase_points.get(result.name)
         if point is not None and self._sampler is not None:
             self._tell_sampler(point, result)
@@ -314,7 +336,7 @@ class Tuner:
             ),
             num_run=len(self._results),
             num_failed=len(failed),
-            pruned={**self._pruned, **self._pruned_by_oom()},
+            pruned={**self._pruned, **self._pruned_by_data(), **self._pruned_by_oom()},
             failed=failed,
             tuning_time_s=self.elapsed_s,
             stop_reason=self._stop_reason,
@@ -435,16 +457,19 @@ class Tuner:
         ladder = plan.ladder
         fit = max((s for s, r in runs.items() if r.ok), default=None)
         # The smallest failure above the largest fit (an error counts: nothing above it is
-        # worth a run either).
-        failure = min(
+        # worth a run either); where the script ran out of data bounds every variant.
+        own_failure = min(
             (s for s, r in runs.items() if not r.ok and (fit is None or s > fit)), default=None
         )
+        ceiling = self._data_ceiling_size()
+        failure = min((s for s in (own_failure, ceiling) if s is not None), default=None)
         low = 0 if fit is None else bisect.bisect_right(ladder, fit)
         high = len(ladder) if failure is None else bisect.bisect_left(ladder, failure)
         if low >= high:
             return None  # bracketed: ``fit`` is the largest that fits
-        if fit is None and failure is None:
-            size = plan.start
+        if fit is None and own_failure is None:
+            # Only the data bound so far: the start, or the largest size below the bound.
+            size = min(plan.start, ladder[high - 1])
         elif fit is None:
             assert failure is not None
             size = ladder[max(0, bisect.bisect_right(ladder, failure // 2) - 1)]
@@ -454,8 +479,8 @@ class Tuner:
                 # The guess, or the next size up when memory says ``fit`` is the largest.
                 size = max(ladder[max(0, bisect.bisect_right(ladder, guess) - 1)], ladder[low])
             elif failure is None:  # climb: to the estimate without its margin, else doubling
-                ceiling = plan.ceiling
-                target = ceiling if ceiling is not None and ceiling > fit else 2 * fit
+                estimate = plan.ceiling
+                target = estimate if estimate is not None and estimate > fit else 2 * fit
                 size = ladder[min(len(ladder) - 1, bisect.bisect_left(ladder, target))]
             else:
                 size = ladder[(low + high) // 2]
@@ -610,6 +635,7 @@ class Tuner:
             overrides = self._space.overrides(variant, size, dict(knobs))
             self._entries[name] = _Entry(variant, size, knobs, overrides)
             self._note_oom(name)
+            self._note_micro_batch(name)
         return name
 
     def _name(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
@@ -642,9 +668,78 @@ class Tuner:
             if name not in self._results and (floor := self._oom_pruner(name)) is not None
         }
 
+    def _note_micro_batch(self, name: str) -> None:
+        """Remember whether the script had data enough at ``name``'s micro-batch."""
+        entry, result = self._entries.get(name), self._results.get(name)
+        if entry is None or result is None:
+            return
+        if result.ok:
+            self._ok_sizes.add(entry.micro_batch_size)
+        elif ran_out_of_data(result):
+            self._out_of_data.setdefault(entry.micro_batch_size, name)
+
+    def _data_ceiling(self) -> str | None:
+        """The run at the smallest micro-batch where the script ran out of data, above every
+        size that ran ok (one that ran ok had data enough, whatever ended another run)."""
+        largest_ok = max(self._ok_sizes, default=0)
+        sizes = [size for size in self._out_of_data if size > largest_ok]
+        return self._out_of_data[min(sizes)] if sizes else None
+
+    def _data_ceiling_size(self) -> int | None:
+        ceiling = self._data_ceiling()
+        return None if ceiling is None else self._entries[ceiling].micro_batch_size
+
+    def _data_pruner(self, name: str) -> str | None:
+        """The run that ran out of data at a micro-batch no larger than ``name``'s."""
+        entry, ceiling = self._entries.get(name), self._data_ceiling()
+        if entry is None or ceiling is None:
+            return None
+        return (
+            ceiling if entry.micro_batch_size >= self._entries[ceiling].micro_batch_size else None
+        )
+
+    def _pruned_by_data(self) -> dict[str, str]:
+        """Why no micro-batch at or above the data bound runs, once for all variants and
+        for each such configuration already considered."""
+        ceiling = self._data_ceiling()
+        if ceiling is None:
+            return {}
+        size = self._entries[ceiling].micro_batch_size
+        pruned = {
+            f"micro-batch >= {size}": (
+                f"the script ran out of data at micro-batch {size} ({ceiling}): its loader has "
+                "fewer batches than the profile window needs; pruned in every ZeRO variant"
+            )
+        }
+        pruned.update(
+            (name, f"micro-batch {size} or larger, where the script ran out of data ({ceiling})")
+            for name in self._entries
+            if name not in self._results and self._data_pruner(name) is not None
+        )
+        return pruned
+
+    def _same_failure(self) -> str | None:
+        """The first error line, once the first ``SAME_FAILURE_LIMIT`` experiments all failed
+        alike and none ran ok; None otherwise. Numbers aside: argparse echoes the value it
+        rejects. ``oom``, ``timeout`` and running out of data depend on the config: any of
+        them means the config matters, so the run goes on."""
+        results = [self._results[name] for name in self._order]
+        if len(results) < SAME_FAILURE_LIMIT:
+            return None
+        if any(r.status is not Status.error or ran_out_of_data(r) for r in results):
+            return None
+        if len({re.sub(r"\d+", "N", r.error or "") for r in results}) != 1:
+            return None
+        return results[0].error or "(no message)"
+
     def _is_open(self, name: str) -> bool:
         """Not run, not in flight, not pruned."""
-        return self._is_free(name) and name not in self._pruned and not self._oom_pruner(name)
+        return (
+            self._is_free(name)
+            and name not in self._pruned
+            and not self._oom_pruner(name)
+            and not self._data_pruner(name)
+        )
 
     def _is_open_repeat(self, name: str) -> bool:
         return self._is_free(name) and name not in self._pruned
@@ -756,6 +851,12 @@ class Tuner:
                 # where it falls among other variants' searches depends on what ran beside it.
                 since += 1
         return since
+
+
+def ran_out_of_data(result: ExperimentResult) -> bool:
+    """The script finished before the profile window did: too few batches at this
+    micro-batch (``error`` starts with the runner's exception type, as every error does)."""
+    return result.status is Status.error and (result.error or "").startswith(f"{RAN_OUT_OF_DATA}:")
 
 
 def _close(value: float, best: float, metric: Metric) -> bool:

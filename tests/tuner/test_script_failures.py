@@ -1,0 +1,132 @@
+"""Failures that say something about the script, not the config: a loader that runs dry at a
+micro-batch bounds every variant; a script that fails alike everywhere ends the run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autotune.experiment import ExperimentResult, Status
+from autotune.tuner import Candidate, Phase
+from autotune.tuner.session import RAN_OUT_OF_DATA, SAME_FAILURE_LIMIT
+from tests.tuner.landscape import Landscape, drive
+from tests.tuner.test_flow import fast_tuner, true_largest_fit
+
+# The script's loader has too few batches for the profile window at micro-batch 20 and up.
+DATA_LIMIT = 20
+
+
+def out_of_data(candidate: Candidate) -> str:
+    """What the runner records for a script whose loader ran dry before the window ended."""
+    steps = 80 // candidate.micro_batch_size
+    return (
+        f"{RAN_OUT_OF_DATA}: the script finished after {steps} optimizer steps, before "
+        "end_profile_step (5 steps are needed)"
+    )
+
+
+class DryLoader(Landscape):
+    """The landscape, behind a script whose data runs out at ``DATA_LIMIT`` and above."""
+
+    def run(self, candidate: Candidate) -> ExperimentResult:
+        if candidate.micro_batch_size >= DATA_LIMIT:
+            return ExperimentResult(candidate.name, Status.error, error=out_of_data(candidate))
+        return super().run(candidate)
+
+
+def test_running_out_of_data_bounds_the_micro_batch_of_every_variant() -> None:
+    landscape = DryLoader()
+    tuner = fast_tuner(landscape.budget_bytes, tuner_early_stopping=99)
+    asked = drive(tuner, landscape)
+    dry = [c for c in asked if c.micro_batch_size >= DATA_LIMIT]
+    # Only the first variant's search meets the bound; the others start below it.
+    assert len({c.stage for c in dry}) == 1, [c.name for c in dry]
+    for stage in range(4):
+        assert true_largest_fit(landscape, stage) >= DATA_LIMIT  # memory is not the bound
+        probes = [c for c in asked if c.stage == stage and c.phase is Phase.max_micro_batch]
+        assert max(c.micro_batch_size for c in probes if landscape.run(c).ok) == DATA_LIMIT - 1
+    summary = tuner.summary()
+    assert set(summary.best_per_variant) == {"z0", "z1", "z2", "z3"}
+    (why,) = [why for key, why in summary.pruned.items() if key.startswith("micro-batch >=")]
+    smallest_dry = min(dry, key=lambda c: c.micro_batch_size).name
+    assert "ran out of data" in why and smallest_dry in why
+
+
+def test_out_of_data_is_known_by_the_runners_exception_type() -> None:
+    from autotune.runner.script import ScriptFinishedEarly
+
+    assert ScriptFinishedEarly.__name__ == RAN_OUT_OF_DATA
+
+
+def argparse_exit(candidate: Candidate) -> str:
+    """What a script whose argparse rejects the mapped flag fails with: the value varies."""
+    return (
+        "ScriptExited: the script exited with status 2: train.py: error: unrecognized "
+        f"arguments: --per_device_train_batch_size {candidate.micro_batch_size}"
+    )
+
+
+class Failing(Landscape):
+    """Every experiment fails, with ``status`` and the error ``error_of`` says."""
+
+    def __init__(self, error_of: Callable[[Candidate], str], status: Status = Status.error):
+        super().__init__()
+        self.error_of, self.status = error_of, status
+
+    def run(self, candidate: Candidate) -> ExperimentResult:
+        return ExperimentResult(candidate.name, self.status, error=self.error_of(candidate))
+
+
+def test_a_script_that_fails_alike_everywhere_ends_the_run_naming_the_error() -> None:
+    tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
+    asked = drive(tuner, Failing(argparse_exit))
+    assert len(asked) == SAME_FAILURE_LIMIT and tuner.finished
+    summary = tuner.summary()
+    assert argparse_exit(asked[0]) in summary.stop_reason
+    assert summary.num_failed == SAME_FAILURE_LIMIT and summary.best is None
+
+
+def test_failures_that_depend_on_the_config_do_not_end_the_run() -> None:
+    different = iter(["ValueError: shapes differ", "KeyError: 'labels'"] * 50)
+    cases = [
+        Failing(argparse_exit, Status.oom),
+        Failing(argparse_exit, Status.timeout),
+        Failing(out_of_data),  # bounds the micro-batch: smaller ones may run
+        Failing(lambda candidate: next(different)),
+    ]
+    for landscape in cases:
+        tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
+        asked = drive(tuner, landscape)
+        assert len(asked) > SAME_FAILURE_LIMIT, landscape.error_of(asked[0])
+        assert "same error" not in tuner.summary().stop_reason
+
+
+def test_one_ok_experiment_keeps_the_run_going_past_identical_errors() -> None:
+    tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
+    first = tuner.ask()
+    assert first is not None
+    tuner.tell(Landscape().run(first))
+    asked = drive(tuner, Failing(argparse_exit))
+    assert len(asked) > SAME_FAILURE_LIMIT
+
+
+def test_a_micro_batch_that_ran_ok_somewhere_is_not_bounded_by_an_early_end() -> None:
+    """One variant's run ended early at a size another ran ok at: the data suffices there, so
+    that end says nothing about the micro-batch and bounds no other variant."""
+    landscape = Landscape()
+    tuner = fast_tuner(landscape.budget_bytes, tuner_early_stopping=99)
+    first = tuner.ask()
+    assert first is not None and first.stage == 0
+    tuner.tell(landscape.run(first))
+    assert landscape.run(first).ok
+    probes, ended_early = [], []
+    while (candidate := tuner.ask()) is not None:
+        if candidate.stage == 1 and candidate.micro_batch_size == first.micro_batch_size:
+            ended_early.append(candidate.name)
+            tuner.tell(ExperimentResult(candidate.name, Status.error, error=out_of_data(candidate)))
+            continue
+        probes.append(candidate)
+        tuner.tell(landscape.run(candidate))
+    assert max(c.micro_batch_size for c in probes if c.stage == 2 and landscape.run(c).ok) == (
+        true_largest_fit(landscape, 2)
+    )
+    assert ended_early and not any(k.startswith("micro-batch >=") for k in tuner.summary().pruned)
