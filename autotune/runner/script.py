@@ -53,6 +53,11 @@ class ScriptFinishedEarly(RuntimeError):
     """The script returned (or exited 0) before the profile window was complete."""
 
 
+class ScriptNeverInitialized(RuntimeError):
+    """The script ended without building an engine: nothing of it can be tuned. Not a
+    :class:`ScriptFinishedEarly`, since no micro-batch would change it."""
+
+
 class ScriptExited(RuntimeError):
     """The script called ``sys.exit`` with a failure status."""
 
@@ -180,9 +185,9 @@ class ScriptObserver:
             activation_bytes_per_sample=activations // max(micro, 1),
         )
 
-    def early_finish(self) -> ScriptFinishedEarly:
+    def early_finish(self) -> ScriptFinishedEarly | ScriptNeverInitialized:
         if self.engine is None and self._steps_started == 0.0:
-            return ScriptFinishedEarly(
+            return ScriptNeverInitialized(
                 "the script finished without calling deepspeed.initialize(): nothing to profile"
             )
         steps = self.engine.global_steps if self.engine is not None else 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner import Candidate, Phase
 from autotune.tuner.session import RAN_OUT_OF_DATA, SAME_FAILURE_LIMIT
@@ -76,12 +78,22 @@ class Failing(Landscape):
         return ExperimentResult(candidate.name, self.status, error=self.error_of(candidate))
 
 
-def test_a_script_that_fails_alike_everywhere_ends_the_run_naming_the_error() -> None:
+def never_initialized(candidate: Candidate) -> str:
+    """What the runner records for a script that never builds an engine."""
+    from autotune.runner.script import ScriptNeverInitialized
+
+    return f"{ScriptNeverInitialized.__name__}: the script finished without calling initialize()"
+
+
+@pytest.mark.parametrize("error_of", [argparse_exit, never_initialized])
+def test_a_script_that_fails_alike_everywhere_ends_the_run_naming_the_error(
+    error_of: Callable[[Candidate], str],
+) -> None:
     tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
-    asked = drive(tuner, Failing(argparse_exit))
+    asked = drive(tuner, Failing(error_of))
     assert len(asked) == SAME_FAILURE_LIMIT and tuner.finished
     summary = tuner.summary()
-    assert argparse_exit(asked[0]) in summary.stop_reason
+    assert error_of(asked[0]) in summary.stop_reason
     assert summary.num_failed == SAME_FAILURE_LIMIT and summary.best is None
 
 
