@@ -19,7 +19,7 @@ _LAZY = {
     "init_distributed": "autotune.engine.launch",
     "load_results": "autotune.results",
 }
-_SUBMODULES = ("comm", "zero")  # deepspeed.comm, deepspeed.zero
+_SUBMODULES = ("accelerator", "comm", "utils", "zero")  # deepspeed.accelerator, ...
 
 
 def __getattr__(name: str) -> Any:
@@ -37,11 +37,13 @@ __all__ = [
     "Config",
     "ConfigError",
     "__version__",
+    "accelerator",
     "add_config_arguments",
     "comm",
     "init_distributed",
     "initialize",
     "load_config",
     "load_results",
+    "utils",
     "zero",
 ]

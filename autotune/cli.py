@@ -273,7 +273,9 @@ def report(
             "peak_memory_bytes": "peak mem/rank",
             "error": "error",
         }
-        table = Table(title=f"{results_dir}: experiments by {chosen}")
+        ran = ", ".join(sorted({str(t) for t in frame["target"].dropna()}))  # what was tuned
+        where = f"{results_dir} ({ran})" if ran else str(results_dir)
+        table = Table(title=f"{where}: experiments by {chosen}")
         for header in columns.values():
             table.add_column(header, no_wrap=header != "error", overflow="fold")
         for _, row in frame[list(columns)].iterrows():

@@ -31,9 +31,9 @@ class ExperimentSpec:
     Attributes:
         name: unique within a results directory; also the experiment's folder name.
         ds_config: the concrete DeepSpeed config (batch triad resolved, no search lists).
-        workload: a built-in name (``gpt``) or ``package.module:function`` (unused when
-            ``script`` is set).
-        workload_args: keyword arguments for the workload factory.
+        workload: a built-in name (``gpt``) or ``package.module:function``; None when
+            ``script`` is set (whatever was passed: the script is what runs).
+        workload_args: keyword arguments for the workload factory (none with a script).
         world_size: number of ranks.
         start_profile_step: first optimizer step inside the timed window (1-based).
         end_profile_step: last optimizer step inside the timed window, inclusive.
@@ -49,7 +49,7 @@ class ExperimentSpec:
 
     name: str
     ds_config: Mapping[str, Any]
-    workload: str = "gpt"
+    workload: str | None = "gpt"
     workload_args: Mapping[str, Any] = field(default_factory=dict)
     world_size: int = 2
     start_profile_step: int = 3
@@ -63,6 +63,12 @@ class ExperimentSpec:
     output_dir: str | None = None
 
     def __post_init__(self) -> None:
+        if self.script is not None:
+            # The record (spec.json) must say what ran: never a workload a script replaced.
+            object.__setattr__(self, "workload", None)
+            object.__setattr__(self, "workload_args", {})
+        elif self.workload is None:
+            raise ValueError("an experiment runs a workload or a script; neither was given")
         if not 1 <= self.start_profile_step <= self.end_profile_step:
             raise ValueError(
                 f"profile window must satisfy 1 <= start ({self.start_profile_step}) <= "
@@ -70,6 +76,12 @@ class ExperimentSpec:
             )
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+
+    @property
+    def target(self) -> str:
+        """What the experiment runs, as summaries name it: the workload, or the script
+        (``train.py``, ``-m pkg.train``)."""
+        return self.script.label if self.script is not None else str(self.workload)
 
     @property
     def window_steps(self) -> int:

@@ -114,10 +114,15 @@ class ScriptTarget:
 
 
 def flag_value(args: Sequence[str], flags: Sequence[str]) -> str | None:
-    """The value of the first of ``flags`` in ``args`` (``--f V`` or ``--f=V``), or None."""
-    for index, arg in enumerate(args):
-        for flag in flags:
-            if arg == flag and index + 1 < len(args):
+    """The value of the first of ``flags`` (in that order) in ``args`` (``--f V`` or
+    ``--f=V``), or None.
+
+    A flag followed by another option has no value: DeepSpeed's own launch line is
+    ``--deepspeed --deepspeed_config ds.json``, where ``--deepspeed`` is a bare switch.
+    """
+    for flag in flags:
+        for index, arg in enumerate(args):
+            if arg == flag and index + 1 < len(args) and not args[index + 1].startswith("-"):
                 return args[index + 1]
             if arg.startswith(flag + "="):
                 return arg[len(flag) + 1 :]

@@ -193,8 +193,9 @@ def tune(
         if info is None:
             info = measured_model_info(results.results(), job.world_size)
         replayed = make_tuner(job, info, results)
+        tuner = replayed.tuner
         if replayed.history:
-            notify(TuningEvent("resumed", None, None, replayed.tuner.summary()))
+            notify(TuningEvent("resumed", None, None, tuner.summary()))
 
         def make_spec(candidate: Candidate) -> ExperimentSpec:
             return experiment_spec(
@@ -204,23 +205,14 @@ def tune(
                 output_dir=str(results.experiment_dir(candidate.name).resolve()),
             )
 
-        def remake(result: ExperimentResult) -> _Replayed | None:
+        def learn(result: ExperimentResult) -> None:
             nonlocal info
             if info is None and (info := measured_model_info([result], job.world_size)):
-                # Memory pruning needs the model's size: a tuner that knows it takes over,
-                # told everything so far, as a resumed run would be.
-                return make_tuner(job, info, results)
-            return None
+                # Memory pruning needs the model's size; the experiments in flight go on.
+                tuner.learn_model(info)
 
-        tuner, run_now = _run_to_the_end(
-            replayed,
-            results,
-            # Until a script's first experiment has measured the model, one at a time: the
-            # tuner that takes over then must not find experiments of its predecessor running.
-            _Slots(runner, job, max_concurrent, one_at_a_time=lambda: info is None),
-            make_spec,
-            remake,
-            notify,
+        run_now = _run_to_the_end(
+            replayed, results, _Slots(runner, job, max_concurrent), make_spec, learn, notify
         )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
@@ -237,15 +229,15 @@ def _run_to_the_end(
     results: ResultsDir,
     slots: _Slots,
     make_spec: Callable[[Candidate], ExperimentSpec],
-    remake: Callable[[ExperimentResult], _Replayed | None],
+    on_result: Callable[[ExperimentResult], None],
     notify: Callable[[TuningEvent], None],
-) -> tuple[Tuner, int]:
-    """Keep every free slot busy until the tuner is done; the tuner that finished (``remake``
-    may hand over to a new one after a result) and the number of experiments run.
+) -> int:
+    """Keep every free slot busy until the tuner is done; the number of experiments run.
 
     A slot is filled the moment it frees; each result is recorded as soon as it arrives (the
-    log line is the commit point). ``ask`` returning None with experiments in flight means
-    "wait for a result", so the loop waits for one and asks again.
+    log line is the commit point), then told to the tuner and to ``on_result``. ``ask``
+    returning None with experiments in flight means "wait for a result", so the loop waits
+    for one and asks again.
     """
     tuner, owed, next_proposal = replayed.tuner, replayed.owed, replayed.next_proposal
     run_now = 0
@@ -266,7 +258,7 @@ def _run_to_the_end(
                 in_flight[spec.name] = (spec, candidate, proposed)
                 notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
             if not in_flight:  # the tuner asks for nothing and waits for nothing: done
-                return tuner, run_now
+                return run_now
             for result in slots.runner.wait():
                 spec, candidate, proposed = in_flight.pop(result.name)
                 extra = {
@@ -277,10 +269,8 @@ def _run_to_the_end(
                 results.record(spec, result, extra)
                 tuner.tell(result)
                 run_now += 1
+                on_result(result)
                 notify(TuningEvent("finished", candidate, result, tuner.summary(), running()))
-                if (successor := remake(result)) is not None:
-                    tuner, owed = successor.tuner, successor.owed
-                    next_proposal = successor.next_proposal
     except BaseException:
         slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
         raise
@@ -353,7 +343,6 @@ class _Slots:
         runner: Runner | ConcurrentRunner,
         job: TuningJob,
         max_concurrent: int | None,
-        one_at_a_time: Callable[[], bool] = lambda: False,
     ) -> None:
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
@@ -362,11 +351,8 @@ class _Slots:
         )
         self._job = job
         self._max_concurrent = max_concurrent
-        self._one_at_a_time = one_at_a_time
 
     def count(self) -> int:
-        if self._one_at_a_time():
-            return 1
         if self._max_concurrent is None and not self.runner.uses_gpus:
             return 1  # experiments sharing cores would measure each other
         fits = self.runner.capacity(self._job.world_size, self._job.cpus_per_rank)

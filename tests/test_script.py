@@ -3,6 +3,7 @@ path, the fingerprint."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def test_config_keys_are_trimmed_and_the_script_names_its_config(tmp_path: Path)
     assert config.autotuning.arg_mappings == {"train_micro_batch_size_per_gpu": "--mbs"}
     assert target(tmp_path, "--deepspeed", "ds.json").config_path() == "ds.json"
     assert target(tmp_path, "--deepspeed_config=c.json").config_path() == "c.json"
+    # DeepSpeed's own launch line: --deepspeed is a bare switch there, not the path.
+    launch = target(tmp_path, "--deepspeed", "--deepspeed_config", "c.json", "--x", "1")
+    assert launch.config_path() == "c.json"
+    assert target(tmp_path, "--deepspeed", "--x", "1").config_path() is None
 
 
 def test_the_fingerprint_changes_with_the_script_file(tmp_path: Path) -> None:
@@ -117,3 +122,145 @@ def test_the_first_measured_experiment_gives_the_tuner_the_model_size(tmp_path: 
     assert runner.names[0] == "z1_mbs1024"
     second_stage = [name for name in runner.names if name.startswith("z2_")]
     assert second_stage and int(second_stage[0].removeprefix("z2_mbs")) < 64, runner.names
+
+
+def test_the_record_says_the_script_ran_not_a_workload(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.results import load_results
+
+    config = load_config(
+        {
+            "zero_optimization": {"stage": 1},
+            "train_micro_batch_size_per_gpu": [2, 4],
+            "autotuning": {"tuner_type": "gridsearch", "num_remeasure": 0},
+        },
+        world_size=2,
+    )
+    script = target(tmp_path, "--deepspeed", "ds.json")
+    job = TuningJob(config=config, results_dir=tmp_path / "results", script=script)
+    tune(job, MeasuringRunner())
+
+    spec = json.loads((job.results_dir / "exps" / "z1_mbs2" / "spec.json").read_text())
+    assert spec["workload"] is None and spec["workload_args"] == {}
+    assert spec["script"]["path"] == str(tmp_path / "train.py")
+    assert ExperimentSpec.from_dict(spec).target == "train.py"
+    assert set(load_results(job.results_dir)["target"]) == {"train.py"}
+    report = CliRunner().invoke(app, ["report", str(job.results_dir)])
+    assert report.exit_code == 0 and "(train.py)" in report.stdout, report.stdout
+
+
+class ConservativeEstimateRunner:
+    """A script whose model (62M parameters) the estimate says cannot fit at stage 0 in
+    1 GiB, yet stage 0 runs, fastest: the first experiment (stage 0, chosen before the model
+    is known) is the best of the run."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        self.names.append(spec.name)
+        micro = int(spec.ds_config["train_micro_batch_size_per_gpu"])
+        if micro > 64:
+            return ExperimentResult(spec.name, Status.oom, error="out of memory")
+        stage = int(spec.ds_config["zero_optimization"]["stage"])
+        step_s = 0.1 if stage == 0 else 0.4
+        metrics = Metrics.from_window([step_s], 2 * micro, 1e9, peak_memory_bytes=1)
+        measured = replace(
+            metrics,
+            num_params=62_000_000,
+            param_bytes=4 * 62_000_000,
+            activation_bytes_per_sample=1_000_000,
+        )
+        return ExperimentResult(spec.name, Status.ok, measured)
+
+
+def stage_0_job(tmp_path: Path) -> TuningJob:
+    """Stages 0 and 1 of a script, in 1 GiB: what ``ConservativeEstimateRunner`` runs."""
+    config = load_config(
+        {
+            "zero_optimization": {"stage": [0, 1]},
+            "autotuning": {
+                "tuner_type": "gridsearch",
+                "num_remeasure": 1,
+                "max_train_micro_batch_size_per_gpu": 64,
+            },
+        },
+        world_size=2,
+    )
+    return TuningJob(
+        config=config,
+        results_dir=tmp_path / "results",
+        device_memory_bytes=1 << 30,
+        script=target(tmp_path, "--deepspeed", "ds.json"),
+    )
+
+
+def test_a_measured_result_the_estimate_would_not_propose_is_still_ranked(
+    tmp_path: Path,
+) -> None:
+    job = stage_0_job(tmp_path)
+    runner = ConservativeEstimateRunner()
+    report = tune(job, runner)
+    # Before the model is known, stage 0 goes first; once it is, the estimate prunes stage 0
+    # (model states 0.92 GiB of 0.90 usable) but the measurement stands: ranked, counted,
+    # re-measured, declared the best and written as the optimal config.
+    assert runner.names[0] == "z0_mbs64"
+    summary = report.summary
+    assert "z0" in summary.pruned and summary.num_run == len(runner.names)
+    assert summary.ranking[0].name == "z0_mbs64"
+    assert summary.best is not None and summary.best.name == "z0_mbs64"
+    assert "z0_mbs64_r1" in runner.names
+    assert report.optimal_config_path is not None
+    optimal = json.loads(report.optimal_config_path.read_text())
+    assert optimal["zero_optimization"]["stage"] == 0
+    assert optimal["train_micro_batch_size_per_gpu"] == 64
+
+
+class SideBySide:
+    """``ConservativeEstimateRunner`` with room for two experiments, finishing the later one
+    first; ``interrupt_after`` results, it raises KeyboardInterrupt (a killed driver)."""
+
+    uses_gpus = True
+
+    def __init__(self, interrupt_after: int = 0) -> None:
+        self.script = ConservativeEstimateRunner()
+        self.in_flight: list[ExperimentSpec] = []
+        self.first_batch: list[str] = []
+        self.finished = 0
+        self._interrupt_after = interrupt_after
+
+    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
+        return 2
+
+    def submit(self, spec: ExperimentSpec) -> None:
+        self.in_flight.append(spec)
+        if not self.finished:
+            self.first_batch.append(spec.name)
+
+    def wait(self) -> list[ExperimentResult]:
+        if self._interrupt_after and self.finished == self._interrupt_after:
+            raise KeyboardInterrupt
+        self.finished += 1
+        return [self.script.run(self.in_flight.pop())]
+
+    def cancel(self) -> None:
+        self.in_flight.clear()
+
+
+def test_a_script_run_starts_side_by_side_and_resumes_without_losing_the_blind_ones(
+    tmp_path: Path,
+) -> None:
+    job = stage_0_job(tmp_path)
+    killed = SideBySide(interrupt_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        tune(job, killed)
+    # Both first experiments were chosen before the model was measured; z0_mbs64 was cut off.
+    assert killed.first_batch == ["z0_mbs64", "z1_mbs64"] and killed.script.names == ["z1_mbs64"]
+    resumed = SideBySide()
+    report = tune(job, resumed)
+    assert resumed.script.names[0] == "z0_mbs64"  # owed: run again first, though now pruned
+    log = [json.loads(line)["name"] for line in (job.results_dir / "experiments.jsonl").open()]
+    assert len(log) == len(set(log)) == report.summary.num_run
+    assert report.summary.best is not None and report.summary.best.name == "z0_mbs64"

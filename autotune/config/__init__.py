@@ -8,6 +8,7 @@ from autotune.config.loader import (
     SEARCHABLE_KEYS,
     ConfigWarning,
     load_config,
+    overlay,
     read_json,
     resolve_batch_triad,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "ZeroConfig",
     "format_size",
     "load_config",
+    "overlay",
     "parse_size",
     "read_json",
     "resolve_batch_triad",

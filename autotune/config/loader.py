@@ -383,6 +383,28 @@ def _validate_value(dotted: str, value: Any) -> Any:
     return validated
 
 
+def overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` laid over ``base``: sections merge key by key, ``top`` winning.
+
+    The batch triad is one setting: when ``top`` sets any of it, ``base``'s are dropped, so
+    the two never combine into three sizes that disagree.
+
+    Example:
+        >>> overlay({"fp16": {"enabled": True}, "zero_optimization": {"stage": 0, "x": 1}},
+        ...         {"zero_optimization": {"stage": 2}})
+        {'fp16': {'enabled': True}, 'zero_optimization': {'stage': 2, 'x': 1}}
+    """
+    drop = TRIAD if any(key in top for key in TRIAD) else ()
+    merged = {key: value for key, value in base.items() if key not in drop}
+    for key, value in top.items():
+        below = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            merged[key] = overlay(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def set_key(spec: dict[str, Any], dotted: str, value: Any) -> None:
     """Set ``a.b.c`` in a raw config dict, dropping other spellings of the same key."""
     *parents, key = dotted.split(".")

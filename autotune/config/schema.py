@@ -259,25 +259,33 @@ class SchedulerConfig(Section):
 # --- precision ---------------------------------------------------------------------------------
 
 
-class FP16Config(Section):
-    """``fp16``: half precision with dynamic (``loss_scale`` 0) or static loss scaling."""
+class LossScaling(Section):
+    """fp16's loss-scale keys. DeepSpeed's bf16 section takes them too (DeepSpeedExamples'
+    cifar config sets them there); bf16 needs no scaling, so there they change nothing."""
 
     enabled: BoolOrAuto = False
-    auto_cast: StrictBool = False
     loss_scale: NonNegativeFloat = 0.0
     initial_scale_power: NonNegativeInt = 16
     loss_scale_window: PositiveInt = 1000
     hysteresis: PositiveInt = 2
     consecutive_hysteresis: StrictBool = False
     min_loss_scale: NonNegativeFloat = 1.0
+
+
+class FP16Config(LossScaling):
+    """``fp16``: half precision with dynamic (``loss_scale`` 0) or static loss scaling."""
+
+    auto_cast: StrictBool = False
     fp16_master_weights_and_grads: StrictBool = False
 
 
-class BF16Config(Section):
+class BF16Config(LossScaling):
     """``bf16`` (also spelled ``bfloat16``): bfloat16 compute, fp32 master weights."""
 
-    enabled: BoolOrAuto = False
     immediate_grad_update: StrictBool = False
+    check_grad_overflow: StrictBool = False
+    bf16_master_weights_and_grads: StrictBool = False
+    bf16_optimizer_states: StrictBool = False
 
 
 class AMPConfig(OpenSection):

@@ -36,7 +36,7 @@ from autotune.config import Config, ConfigError, load_config
 from autotune.engine import checkpoint, hooks
 from autotune.engine.comm import Communicator, local_cuda_device, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
-from autotune.engine.launch import ConfigSource, config_source
+from autotune.engine.launch import ConfigSource, config_source, script_config
 from autotune.engine.loss_scaler import build_loss_scaler
 from autotune.engine.master import MasterParams, OptimizerFactory, ParamGroups
 from autotune.engine.memory import ActivationTracker, MemoryTracker, tensor_bytes
@@ -399,6 +399,28 @@ class ZeroEngine(nn.Module):
     def zero_optimization_stage(self) -> int:
         return self.zero.stage
 
+    # Scripts pick their input dtype with these (DeepSpeedExamples' cifar does).
+    def fp16_enabled(self) -> bool:
+        return self.config.precision == "fp16"
+
+    def bfloat16_enabled(self) -> bool:
+        return self.config.precision == "bf16"
+
+    def amp_enabled(self) -> bool:
+        return False  # the engine casts the model itself; apex amp is never run
+
+    def zero_optimization(self) -> bool:
+        return self.zero.stage > 0
+
+    def zero_cpu_offload(self) -> bool:
+        return self.zero.offload_optimizer
+
+    def gradient_clipping(self) -> float:
+        return float(self.config.gradient_clipping)
+
+    def steps_per_print(self) -> int:
+        return int(self.config.steps_per_print)
+
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 
@@ -685,10 +707,11 @@ def initialize(
             "initialize(mpu=..., mesh_param=...): model and sequence parallelism are not "
             "supported by the engine (data parallelism only)"
         )
-    source = config_source(args, config, config_params)
     observer = hooks.current()
-    if observer is not None:  # script mode: the experiment's config replaces the script's
-        source = observer.configure(source)
+    if observer is not None:  # script mode: the experiment's config over the script's own
+        source = observer.configure(script_config(args, config, config_params))
+    else:
+        source = config_source(args, config, config_params)
     if source is None:
         raise ConfigError(
             "",

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotune.config import Config, ConfigError
+from autotune.config import Config, ConfigError, read_json
 from autotune.engine.comm import local_cuda_device
 
 ConfigSource = str | Path | dict[str, Any] | Config
@@ -62,6 +62,21 @@ def config_source(
             "pass one (DeepSpeed refuses both as well)",
         )
     return explicit if explicit is not None else from_args
+
+
+def script_config(args: Any, config: Any, config_params: Any) -> dict[str, Any] | None:
+    """What a script passed as its config, as a dict, by the same precedence but without
+    the two-sources check: in script mode the experiment's config replaces both anyway."""
+    own = config if config is not None else config_params
+    if own is None and args is not None:
+        own = getattr(args, "deepspeed_config", None)
+    if own is None:
+        return None
+    if isinstance(own, Config):
+        return own.to_dict()
+    if isinstance(own, str | Path):
+        return read_json(own)
+    return dict(own)
 
 
 def _same(a: ConfigSource, b: ConfigSource) -> bool:

@@ -14,7 +14,9 @@ and ``fp32_allreduce`` (gradients are reduced in the compute dtype, averaged thr
 scale). ``allgather_bucket_size`` and ``allgather_partitions`` act at stages 1-2; stage 3
 gathers per module. On gloo every all-gather is a broadcast per rank (gloo's own all-gather is
 the slow one, see comm.py), so ``allgather_partitions`` changes nothing there.
-``reduce_scatter: false`` all-reduces each bucket (DeepSpeed's fallback).
+``reduce_scatter: false`` all-reduces each bucket (DeepSpeed's fallback). In ``bf16``:
+fp16's loss-scale keys (bf16 is never scaled), ``immediate_grad_update`` and
+``check_grad_overflow``.
 """
 
 from __future__ import annotations
@@ -67,8 +69,13 @@ def check_supported(config: Config) -> None:
         raise _unsupported("amp.enabled", True)
     if config.sparse_gradients:
         raise _unsupported("sparse_gradients", True)
-    if config.fp16.fp16_master_weights_and_grads:
-        raise _unsupported("fp16.fp16_master_weights_and_grads", True)
+    for key, value in (
+        ("fp16.fp16_master_weights_and_grads", config.fp16.fp16_master_weights_and_grads),
+        ("bf16.bf16_master_weights_and_grads", config.bf16.bf16_master_weights_and_grads),
+        ("bf16.bf16_optimizer_states", config.bf16.bf16_optimizer_states),
+    ):
+        if value:
+            raise _unsupported(key, True)
     for key in ("fp16.enabled", "bf16.enabled", "gradient_clipping"):
         section, name = key.split(".") if "." in key else ("", key)
         value = getattr(getattr(config, section), name) if section else getattr(config, name)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.loader import SEARCHABLE_KEYS
 from autotune.experiment import Timings
-from autotune.results.store import LOG_NAME, ResultsDir, ResultsDirError
+from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError
+from autotune.script import ScriptTarget
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,7 +27,8 @@ def load_results(path: str | Path) -> pd.DataFrame:
     (samples/s), ``flops`` (FLOP/s per rank), ``peak_memory_bytes``, ``latency_spread``,
     ``error``, ``started_at`` (UTC), ``duration_s``, ``overhead_s``, ``node_ids`` (where each
     rank ran: with ``started_at`` and ``duration_s``, which experiments overlapped where),
-    ``repeat_of``, plus every tuned knob flattened under its dotted key
+    ``repeat_of``, ``target`` (what ran: the workload, e.g. ``gpt``, or the script, e.g.
+    ``train.py``), plus every tuned knob flattened under its dotted key
     (``zero_optimization.reduce_bucket_size``, ...).
 
     Raises:
@@ -40,14 +43,29 @@ def load_results(path: str | Path) -> pd.DataFrame:
     directory = Path(path)
     if not (directory / LOG_NAME).exists():
         raise ResultsDirError(f"{directory} is not an autotune results directory (no {LOG_NAME})")
-    rows = [_row(record) for record in ResultsDir(directory).records()]
+    job_target = _job_target(directory)
+    rows = [_row(record, job_target) for record in ResultsDir(directory).records()]
     frame = pd.DataFrame(rows, columns=_columns(rows))
     if not frame.empty:
         frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
     return frame
 
 
-def _row(record: dict[str, Any]) -> dict[str, Any]:
+def _job_target(directory: Path) -> str | None:
+    """What the directory's job ran, from its fingerprint: for log lines written before each
+    line named its target."""
+    try:
+        tuned = json.loads((directory / FINGERPRINT_NAME).read_text(encoding="utf-8"))["tuned"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    script = tuned.get("script")
+    if isinstance(script, dict) and "script" in script:
+        return ScriptTarget(path=str(script["script"]), module=script.get("module")).label
+    workload = tuned.get("workload")
+    return str(workload) if workload is not None else None
+
+
+def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any]:
     config = record.get("ds_config") or {}
     metrics = record.get("metrics") or {}
     timings = record.get("timings") or {}
@@ -66,6 +84,7 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
         "overhead_s": Timings(**timings).overhead_s if "total_s" in timings else None,
         "node_ids": tuple(record.get("node_ids") or ()),
         "repeat_of": record.get("repeat_of"),
+        "target": record.get("target", job_target),
     }
     for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):
         if "." in key:

@@ -166,7 +166,12 @@ class ResultsDir:
         atomic_write_json(folder / "metrics.json", result.to_dict())
         if result.error_detail:
             atomic_write_text(folder / "error.txt", result.error_detail + "\n")
-        line = {**result.to_dict(), "ds_config": dict(spec.ds_config), **dict(extra or {})}
+        line = {
+            **result.to_dict(),
+            "target": spec.target,
+            "ds_config": dict(spec.ds_config),
+            **dict(extra or {}),
+        }
         append_line(self.path / LOG_NAME, json.dumps(line, separators=(",", ":")))
 
     def records(self) -> list[dict[str, Any]]:

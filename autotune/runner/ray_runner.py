@@ -13,7 +13,9 @@ Failure isolation, mirroring :mod:`autotune.runner.local`:
 
 - OOM or an exception on a rank: ``run_rank`` tears its process group down, every rank
   reports, the result carries the status, and the gang stays warm.
-- A hang: the experiment is cut at ``spec.timeout_s``; its actors are killed and replaced.
+- A hang: the experiment is cut at ``spec.timeout_s``; its actors are killed and replaced. The
+  timeout counts from when the ranks begin: a new gang's start-up (processes, torch imports)
+  is bounded separately (``actor_start_timeout_s``; past it, status ``error``).
 - An actor that dies (kill -9, segfault, its node leaving the cluster): status ``error``
   naming the death; the gang is replaced. Only the experiment on that gang fails; the others
   running keep going. Ray's death report cannot tell the kernel's OOM killer from other causes.
@@ -51,10 +53,15 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import ConfigError
-from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
 from autotune.runner.outcome import experiment_verdict
-from autotune.runner.rank import RankOutcome, failure_outcome, run_rank
+from autotune.runner.rank import (
+    RankOutcome,
+    failure_outcome,
+    import_before_process_groups,
+    run_rank,
+)
 
 RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
 """What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
@@ -70,6 +77,11 @@ PLACEMENT_TIMEOUT_S = 300.0
 EVICT_AFTER_S = 0.5
 # How often the scheduler wakes up when no rank reports: for deadlines and pending placement.
 POLL_S = 0.2
+# How long a new gang's actors may take to start (a Python process each, torch imported)
+# before its experiment fails: an experiment's own timeout starts only once they have. Ray
+# itself fails an actor whose worker never registers; this bounds anything else (a start-up
+# stuck in an import, a node too busy to start a process) so it is a result, never a hang.
+ACTOR_START_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -140,8 +152,12 @@ class _RankActor:
             import torch  # the import a fresh launch pays every time, paid once here
 
             torch.set_num_threads(num_threads)
+            import_before_process_groups()  # else paid inside the first experiment
         self._rank_fn = rank_fn
         gc.freeze()
+
+    def ready(self) -> None:
+        """Answers once the actor has started (its ``__init__`` done)."""
 
     def rendezvous(self) -> str:
         """Where this experiment's ranks meet: a free port on this (the rank-0) node."""
@@ -226,12 +242,20 @@ class _Gang:
             ).remote(rank_fn, shape.cpus_per_rank, preload_torch)
             for rank in range(shape.world_size)
         ]
+        self._starting = [actor.ready.remote() for actor in self.actors]
 
     def placed(self) -> bool:
         if not self._placed:
             ready, _ = ray.wait([self._ready], timeout=0)
             self._placed = bool(ready)
         return self._placed
+
+    def starting(self) -> list[Any]:
+        """The actors' start-up answers still awaited (none: every actor has started, or
+        failed to; an experiment's ranks begin at once)."""
+        if self._starting:
+            _, self._starting = ray.wait(self._starting, num_returns=len(self._starting), timeout=0)
+        return self._starting
 
     def node_id(self, rank: int) -> str:
         """The Ray node that holds ``rank``'s bundle (for reports its actor could not make)."""
@@ -293,12 +317,25 @@ class _Pool:
 
 
 class _Running:
-    """One experiment in flight on a gang: its ranks' futures, deadline and reports."""
+    """One experiment in flight on a gang: its ranks' futures, deadline and reports.
 
-    def __init__(self, spec: ExperimentSpec, gang: _Gang, paths: _DriverPaths) -> None:
+    Its ``timeout_s`` counts from when its ranks begin, once the gang's actors have started:
+    a fresh gang's start-up is bounded by ``actor_start_timeout_s`` instead.
+    """
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        gang: _Gang,
+        paths: _DriverPaths,
+        actor_start_timeout_s: float = ACTOR_START_TIMEOUT_S,
+    ) -> None:
         self.spec, self.gang = spec, gang
         self.started_at, self.started = utc_now(), time.perf_counter()
-        self.deadline = self.started + spec.timeout_s
+        self._actor_start_timeout_s = actor_start_timeout_s
+        self.ranks_began: float | None = None  # the experiment's clock; None while starting
+        self._grace_deadline = float("inf")  # set by the first failure
+        self._note_ranks_began()
         # Passing rank 0's rendezvous future straight to every rank lets Ray deliver the
         # address without a driver round trip.
         init_method = gang.actors[0].rendezvous.remote()
@@ -309,11 +346,25 @@ class _Running:
         self.outcomes: dict[int, RankOutcome] = {}
         self.gang_broken = False  # a rank died or failed outside run_rank
 
+    @property
+    def deadline(self) -> float:
+        """When the runner stops waiting: ``timeout_s`` after the ranks began (the start-up
+        bound while the actors start), or a grace period after the first failure."""
+        if self.ranks_began is None:
+            clock = self.started + self._actor_start_timeout_s
+        else:
+            clock = self.ranks_began + self.spec.timeout_s
+        return min(clock, self._grace_deadline)
+
     def waiting_on(self) -> list[Any]:
-        return [f for rank, f in self.futures.items() if rank not in self.outcomes]
+        """What the driver waits for: rank reports, and while the gang starts, its actors
+        (so the experiment's clock starts when they are ready, not at the next report)."""
+        reports = [f for rank, f in self.futures.items() if rank not in self.outcomes]
+        return reports + (self.gang.starting() if self.ranks_began is None else [])
 
     def poll(self, ready: set[Any]) -> bool:
         """Collect the reports in ``ready``; True once the experiment has its verdict."""
+        self._note_ranks_began()
         for rank, future in self.futures.items():
             if rank in self.outcomes or future not in ready:
                 continue
@@ -321,8 +372,14 @@ class _Running:
             self.outcomes[rank] = outcome
             if outcome.status is not Status.ok:
                 # The failed rank tore its group down; peers get a grace period to notice.
-                self.deadline = min(self.deadline, time.perf_counter() + FAILURE_GRACE_S)
+                self._grace_deadline = min(
+                    self._grace_deadline, time.perf_counter() + FAILURE_GRACE_S
+                )
         return len(self.outcomes) == self.spec.world_size or time.perf_counter() >= self.deadline
+
+    def _note_ranks_began(self) -> None:
+        if self.ranks_began is None and not self.gang.starting():
+            self.ranks_began = time.perf_counter()
 
     @property
     def gang_reusable(self) -> bool:
@@ -331,6 +388,15 @@ class _Running:
 
     def result(self) -> ExperimentResult:
         total_s = time.perf_counter() - self.started
+        if self.ranks_began is None and not self.outcomes:
+            return ExperimentResult(
+                name=self.spec.name,
+                status=Status.error,
+                error="RankStartError: the rank actors had not started "
+                f"within {self._actor_start_timeout_s:g} s",
+                started_at=self.started_at,
+                timings=Timings(total_s=total_s),
+            )
         return experiment_verdict(
             self.spec, self.outcomes, self.started_at, total_s, node_of=self.gang.node_id
         )
@@ -420,6 +486,8 @@ class RayRunner:
             (a stand-in ``rank_fn`` that never uses torch skips the import's seconds).
         quiet: keep the actors' logs out of the driver's terminal (failures still come back
             in the results).
+        actor_start_timeout_s: how long a new gang's actors may take to start before the
+            experiment waiting for them fails (its ``timeout_s`` starts once they have).
     """
 
     def __init__(
@@ -433,6 +501,7 @@ class RayRunner:
         rank_fn: RankFn = run_rank,
         preload_torch: bool = True,
         quiet: bool = True,
+        actor_start_timeout_s: float = ACTOR_START_TIMEOUT_S,
     ) -> None:
         self._owns_ray = _connect(address, num_cpus, quiet)
         if gpus_per_rank is None:
@@ -442,6 +511,7 @@ class RayRunner:
         self._strategy = strategy
         self._rank_fn = rank_fn
         self._preload_torch = preload_torch
+        self._actor_start_timeout_s = actor_start_timeout_s
         self._pool = _Pool(self._make_gang)
         self._queued: deque[ExperimentSpec] = deque()
         self._running: list[_Running] = []
@@ -599,7 +669,8 @@ class RayRunner:
                 gang = self._pool.take(self._shape(spec))
                 if gang is None:
                     break
-                self._running.append(_Running(spec, gang, _DriverPaths.capture()))
+                paths = _DriverPaths.capture()
+                self._running.append(_Running(spec, gang, paths, self._actor_start_timeout_s))
             else:
                 refusals.append(refusal)
             self._queued.popleft()

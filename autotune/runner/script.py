@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
+from autotune.config import overlay
 from autotune.engine import hooks
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.profiling.window import StepTimer
@@ -40,7 +41,7 @@ from autotune.script import ScriptTarget
 
 # Submodules a DeepSpeed script imports (``import deepspeed.comm as dist``), served by autotune
 # where it has them.
-_DEEPSPEED_SUBMODULES = ("comm", "zero")
+_DEEPSPEED_SUBMODULES = ("accelerator", "comm", "utils", "zero")
 
 
 class WindowDone(BaseException):
@@ -83,9 +84,16 @@ class ScriptObserver:
     # --- EngineObserver -------------------------------------------------------------------
 
     def configure(self, config: Any) -> Any:
-        """The experiment's config, whatever the script passed."""
-        del config
-        candidate = dict(self.spec.ds_config)
+        """The experiment's config laid over the one the script passed (a dict, or None).
+
+        The experiment's keys win; what only the script sets (its optimizer, scheduler,
+        precision, clipping, as DeepSpeedExamples' cifar builds in a dict) is kept, so the
+        experiment trains what the script trains rather than a bare config.
+        """
+        candidate = overlay(config, self.spec.ds_config) if config else dict(self.spec.ds_config)
+        kept = sorted(set(config or {}) - set(self.spec.ds_config) - {"autotuning"})
+        if kept:
+            print(f"autotune: kept from the script's own config: {', '.join(kept)}", flush=True)
         if self.spec.device_memory_bytes is not None:
             candidate["device_memory_bytes"] = self.spec.device_memory_bytes
         return candidate
@@ -211,7 +219,10 @@ def run_script(
         pass
     except SystemExit as exit_:
         if exit_.code not in (0, None):
-            raise ScriptExited(f"the script exited with status {exit_.code}") from None
+            said = _last_stderr_line(spec.output_dir, rank)
+            raise ScriptExited(
+                f"the script exited with status {exit_.code}" + (f": {said}" if said else "")
+            ) from None
         raise observer.early_finish() from None
     else:
         raise observer.early_finish()
@@ -226,6 +237,19 @@ def run_script(
         warmup_s=observer.warmup_s,
         window_s=observer.window_s,
     )
+
+
+def _last_stderr_line(output_dir: str | None, rank: int) -> str:
+    """What the script last said on stderr before exiting (argparse's ``error: ...`` line,
+    say), so the recorded error names the cause without opening the log."""
+    if output_dir is None:
+        return ""
+    try:
+        with open(os.path.join(output_dir, f"rank{rank}.err"), errors="replace") as err:
+            lines = [line.strip() for line in err.readlines()[-20:] if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
 
 
 def _run(script: ScriptTarget, argv: list[str]) -> None:

@@ -30,6 +30,12 @@ with several at once proposes exactly what a one-at-a-time run would (given the 
 Every decision is derived from the results told so far, so a resumed run re-seeds the tuner by
 telling it the results log before asking (names identify configurations), in the order the
 experiments were proposed, with those left unfinished owed in their places (:meth:`Tuner.owe`).
+
+A script's model is unknown until an experiment measures it: :meth:`Tuner.learn_model` then
+brings in the memory estimate for what is not yet decided, keeping everything run, running or
+owed (ranked even where the estimate would now prune it). A tuner that knew the model from the
+start, told the same results, decides alike, so a resumed script run needs no replay of when
+the model was learnt.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from autotune.experiment import ExperimentResult, Status, wall_time_s
 from autotune.tuner.naming import MICRO_BATCH_KEY, STAGE_KEY, repeat_name, split_repeat
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
 from autotune.tuner.samplers import DEFER_BEHIND, Point, Sampler, Subspace, make_sampler
-from autotune.tuner.space import Variant, VariantPlan, build_space
+from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
 from autotune.tuner.summary import TuningSummary
 
 if TYPE_CHECKING:
@@ -157,8 +163,9 @@ class Tuner:
         self._num_repeats = num_repeats
         if device_memory_bytes is None:
             device_memory_bytes = config.device_memory_bytes
-        self._space = build_space(config, model_info, device_memory_bytes)
-        self._pruned: dict[str, str] = dict(self._space.pruned)
+        self._device_memory_bytes = device_memory_bytes
+        self._model_info = model_info
+        self._pruned: dict[str, str] = {}
         self._entries: dict[str, _Entry] = {}
         self._results: dict[str, ExperimentResult] = {}
         self._order: list[str] = []  # names in the order they were told
@@ -177,18 +184,13 @@ class Tuner:
         self._replayed: list[ExperimentResult] = []
         # Micro-batch runs at the config's own knobs, per variant: size → result.
         self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
-        self._size_names = {
-            self._name(plan.variant, size, ()): (plan.variant, size)
-            for plan in self._space.plans
-            for size in plan.ladder
-        }
-        self._probe_plans = variant_order(
-            self._space.plans,
-            self._tuning.tuner_type,
-            self._tuning.seed,
-            model_info,
-            config.world_size,
-        )
+        # Every such run's name, of any variant searched with or without the model's size.
+        self._size_names: dict[str, tuple[Variant, int]] = {}
+        self._use_space(build_space(config, model_info, device_memory_bytes))
+        if model_info is not None and self._space.pruned:
+            # What a run that did not know the model yet may have tried (a script's first
+            # experiments), so that their results, told from history, are ranked too.
+            self._add_size_names(build_space(config, None, device_memory_bytes))
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -232,6 +234,22 @@ class Tuner:
                     self._proposed.append(name)
                 return candidate
         return None
+
+    def learn_model(self, model_info: ModelInfo) -> None:
+        """Learn the model's size mid-run (a script's, measured by its first experiment).
+
+        The memory estimate then prunes variants, and moves where each variant's search for
+        its largest micro-batch goes next and the order variants are searched in; the knob
+        grids follow the model's size. Every result, pending and owed experiment is kept, and
+        ranked whatever the estimate now says: what ran is measured, the estimate is a guess.
+        Phases already started keep their candidates. A tuner that knew the model from the
+        start and was told the same results decides alike (a resumed run). Only the first
+        call counts.
+        """
+        if self._model_info is not None:
+            return
+        self._model_info = model_info
+        self._use_space(build_space(self._config, model_info, self._device_memory_bytes))
 
     def owe(self, name: str) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
@@ -324,7 +342,7 @@ class Tuner:
         if self._search_budget_spent():
             return None
         if self._phase is Phase.max_micro_batch:
-            return self._next_probe()
+            return self._next_owed_probe() or self._next_probe()
         if self._sampler is None:  # nothing to tune in this phase
             return None
         # What an interrupted run had running comes first, as it would have finished first.
@@ -356,7 +374,7 @@ class Tuner:
                 if self._is_free(name):
                     return name
                 continue
-            largest = self._largest_fit(plan)
+            largest = self._largest_fit(plan.variant)
             if depth_first and largest is not None:
                 for compared in plan.compared_sizes(largest):
                     name = self._register(plan.variant, compared, ())
@@ -365,6 +383,20 @@ class Tuner:
                 favourite = self._favourite_knobs(plan) if plan is self._probe_plans[0] else None
                 if favourite is not None:
                     return favourite
+        return None
+
+    def _next_owed_probe(self) -> str | None:
+        """A micro-batch probe an interrupted run had in flight, where the search it belongs
+        to is still open: it goes first, as it would have finished first, even if the plan
+        changed since it was proposed (the model's size learnt meanwhile)."""
+        plans = {plan.variant: plan for plan in self._space.plans}
+        for name in self._proposed:
+            if name not in self._owed or name not in self._size_names or not self._is_free(name):
+                continue
+            plan = plans.get(self._size_names[name][0])
+            if plan is None or self._probe_size(plan) is not None:
+                self._entry(name)
+                return name
         return None
 
     def _favourite_knobs(self, plan: VariantPlan) -> str | None:
@@ -445,7 +477,7 @@ class Tuner:
     def _start_micro_batch_phase(self) -> None:
         subspaces, names = [], {}
         for plan in self._space.plans:
-            largest = self._largest_fit(plan)
+            largest = self._largest_fit(plan.variant)
             if largest is None:
                 self._pruned.setdefault(plan.variant.label, "no micro-batch ran ok")
                 continue
@@ -552,6 +584,26 @@ class Tuner:
         ds_config.pop("autotuning", None)
         return ds_config
 
+    def _use_space(self, space: TuningSpace) -> None:
+        """Search ``space`` from now on (see :meth:`learn_model`)."""
+        self._space = space
+        self._pruned.update(space.pruned)
+        self._add_size_names(space)
+        self._probe_plans = variant_order(
+            space.plans,
+            self._tuning.tuner_type,
+            self._tuning.seed,
+            self._model_info,
+            self._config.world_size,
+        )
+
+    def _add_size_names(self, space: TuningSpace) -> None:
+        for plan in space.plans:
+            for size in plan.ladder:
+                self._size_names.setdefault(
+                    self._name(plan.variant, size, ()), (plan.variant, size)
+                )
+
     def _register(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
         name = self._name(variant, size, knobs)
         if name not in self._entries:
@@ -604,13 +656,13 @@ class Tuner:
         result = self._results.get(name)
         return result.status if result is not None else None
 
-    def _largest_fit(self, plan: VariantPlan) -> int | None:
-        runs = self._size_runs.get(plan.variant, {})
+    def _largest_fit(self, variant: Variant) -> int | None:
+        runs = self._size_runs.get(variant, {})
         return max((s for s, r in runs.items() if r.ok), default=None)
 
     def _best_micro_batch(self, plan: VariantPlan) -> int | None:
         """The best of the sizes the micro-batch phase compared (not of the memory search's)."""
-        largest = self._largest_fit(plan)
+        largest = self._largest_fit(plan.variant)
         if largest is None:
             return None
         runs = self._size_runs.get(plan.variant, {})
@@ -647,8 +699,7 @@ class Tuner:
         entry = self._entries.get(name)
         if entry is None or entry.knobs:
             return False
-        plan = next(p for p in self._space.plans if p.variant == entry.variant)
-        return self._largest_fit(plan) == entry.micro_batch_size
+        return self._largest_fit(entry.variant) == entry.micro_batch_size
 
     def _entry(self, name: str) -> _Entry | None:
         """The configuration ``name`` names, registering a micro-batch run told from history."""

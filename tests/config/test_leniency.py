@@ -111,6 +111,37 @@ def test_a_cifar_shaped_config_loads() -> None:
     }
 
 
+def test_the_cifar_examples_bf16_config_loads() -> None:
+    """DeepSpeedExamples' training/cifar/ds_config.json today: bf16 on, its section with
+    fp16's loss-scale keys (DeepSpeed's bf16 section takes them), ``cpu_offload`` in ZeRO."""
+    fp16_keys = {k: v for k, v in CIFAR_LIKE["fp16"].items() if k != "enabled"}
+    bf16 = {"enabled": True, "bf16_master_weights_and_grads": False}
+    bf16.update({k: v for k, v in fp16_keys.items() if k != "fp16_master_weights_and_grads"})
+    zero = {**CIFAR_LIKE["zero_optimization"], "stage": 0, "cpu_offload": False}
+    spec = {**CIFAR_LIKE, "bf16": bf16, "fp16": {**CIFAR_LIKE["fp16"], "enabled": False}}
+    config, _ = _load_warned({**spec, "zero_optimization": zero})
+    assert config.precision == "bf16" and config.bf16.loss_scale_window == 500
+
+
+def test_overlay_keeps_the_base_and_lets_the_top_win() -> None:
+    from autotune.config import overlay
+
+    script = {
+        "train_batch_size": 16,
+        "fp16": {"enabled": True},
+        "zero_optimization": {"stage": 0, "overlap_comm": True},
+    }
+    candidate = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}
+    merged = overlay(script, candidate)
+    assert merged == {
+        "fp16": {"enabled": True},
+        "zero_optimization": {"stage": 2, "overlap_comm": True},
+        "train_micro_batch_size_per_gpu": 4,  # the script's train_batch_size is dropped
+    }
+    assert overlay(script, {"fp16": {"enabled": False}})["train_batch_size"] == 16
+    assert script["zero_optimization"]["stage"] == 0  # the inputs are left alone
+
+
 @pytest.mark.parametrize(
     ("key", "section"),
     [

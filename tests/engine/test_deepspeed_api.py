@@ -80,6 +80,38 @@ def test_ambiguous_or_missing_config_is_an_error(
         deepspeed.initialize(model=_model(), **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("section", "fp16", "bf16"), [("fp16", True, False), ("bf16", False, True)]
+)
+def test_precision_accessors(section: str, fp16: bool, bf16: bool) -> None:
+    config = {**CONFIG, section: {"enabled": True}}
+    engine, _, _, _ = deepspeed.initialize(model=_model(), config=config)
+    assert (engine.fp16_enabled(), engine.bfloat16_enabled()) == (fp16, bf16)
+
+
+def test_bf16_options_the_engine_lacks_are_refused_not_ignored() -> None:
+    for key in ("bf16_master_weights_and_grads", "bf16_optimizer_states"):
+        config = {**CONFIG, "bf16": {"enabled": True, key: True}}
+        with pytest.raises(ConfigError, match=f"bf16.{key}.*not supported"):
+            deepspeed.initialize(model=_model(), config=config)
+
+
+def test_log_dist_prints_on_the_ranks_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_dist = deepspeed.utils.log_dist  # HelloDeepSpeed: from deepspeed.utils import ...
+
+    log_dist("before the group: every rank", ranks=[0])
+    monkeypatch.setattr(deepspeed.comm, "is_initialized", lambda: True)
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda: 1)
+    log_dist("rank 0 only", ranks=[0])
+    log_dist("all ranks", ranks=[-1])
+    log_dist("rank 1 too", ranks=[0, 1])
+    out = capsys.readouterr().out
+    assert "[Rank -1] before the group: every rank" in out and "rank 0 only" not in out
+    assert "[Rank 1] all ranks" in out and "[Rank 1] rank 1 too" in out
+
+
 def test_comm_helpers_answer_without_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -101,6 +133,11 @@ def test_engine_accessors() -> None:
     }
     engine, optimizer, _, _ = deepspeed.initialize(model=_model(), config=config)
     assert (engine.global_rank, engine.world_size, engine.local_rank) == (0, 1, 0)
+    # What DeepSpeedExamples' cifar asks before its loop: the dtype and the device name.
+    assert not engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert (engine.zero_optimization_stage(), engine.zero_optimization()) == (0, False)
+    assert engine.gradient_clipping() == 0.5 and not engine.zero_cpu_offload()
+    assert deepspeed.accelerator.get_accelerator().device_name(engine.local_rank) == "cpu"
     assert engine.device == torch.device("cpu") and engine.optimizer is optimizer
     assert engine.train_batch_size() == 4 and engine.gradient_accumulation_steps() == 2
     assert engine.get_global_grad_norm() is None and not engine.was_step_skipped()
@@ -238,10 +275,16 @@ def test_an_observer_sees_the_scripts_config_and_replaces_it(tmp_path: Path) -> 
     with hooks.observing(_Recorder()) as recorder:
         engine, *_ = deepspeed.initialize(args=args, model=_model())
         _engine_training(engine, steps=2)
-    assert recorder.seen == [args.deepspeed_config, 2] and recorder.steps == 2
+    assert recorder.seen == [CONFIG, 2] and recorder.steps == 2  # the file, read
     with hooks.observing(_Recorder()) as recorder:  # a script with no config of its own
         deepspeed.initialize(model=_model())
     assert recorder.seen == [None, 2]
+    # A dict in the script and a file in its args: DeepSpeed refuses; in script mode the
+    # experiment's config replaces both, so the script's dict is passed on, no error.
+    own = {"train_batch_size": 16, "fp16": {"enabled": True}}
+    with hooks.observing(_Recorder()) as recorder:
+        deepspeed.initialize(args=args, model=_model(), config=own)
+    assert recorder.seen == [own, 2]
 
 
 LONE_SCRIPT = """

@@ -82,3 +82,15 @@ def test_deepspeed_script_resumes_like_an_uninterrupted_run(tmp_path: Path, stag
         done = _torchrun(str(RESUME_SCRIPT), *common, "--resume_only")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(" resume ok: ") == 2, done.stdout + done.stderr
+
+
+def test_a_script_shaped_like_deepspeedexamples_cifar_trains_unchanged() -> None:
+    """cifar10_deepspeed.py's calls as it makes them: its config dict (``cpu_offload``,
+    ``prescale_gradients`` ...), ``get_accelerator().device_name(local_rank)``,
+    ``fp16_enabled()`` for the input dtype, ZeRO-3, then ``eval()`` and a test pass."""
+    done = _torchrun(str(HERE / "cifar_script.py"), "--dtype", "fp16", "--stage", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: device=cpu dtype=torch.float16 stage=3" in done.stdout
+    assert done.stdout.count("Finished Training") == 2, done.stdout
+    assert "Accuracy of the network on the 8 test images" in done.stdout

@@ -19,6 +19,8 @@ import time
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+from deepspeed.utils import log_dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -63,6 +65,8 @@ def main() -> None:
     )
     faults = dict(item.split("=") for item in args.faults.split(",") if item)
     fault = faults.get(f"z{engine.zero_optimization_stage()}_{args.per_device_train_batch_size}")
+    device = get_accelerator().device_name(engine.local_rank)
+    log_dist(f"training on {device}", ranks=[-1])
     step = 0
     for _epoch in range(args.num_train_epochs):
         for x, y in loader:
@@ -75,7 +79,7 @@ def main() -> None:
                     raise RuntimeError("injected failure in the training loop")
                 if fault == "hang":
                     time.sleep(3600)
-            loss = engine(x, y)
+            loss = engine(x.to(device), y.to(device))
             engine.backward(loss)
             engine.step()
             step += 1

@@ -10,11 +10,12 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from autotune.experiment import ExperimentSpec, Metrics, Status
+from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.runner.rank import RankOutcome
 from autotune.runner.ray_runner import RayRunner
 
@@ -32,6 +33,25 @@ def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutc
     window_s = time.perf_counter() - started
     metrics = Metrics.from_window([window_s], 1, 1.0, 0).to_dict()
     return RankOutcome(rank=rank, status=Status.ok, metrics=metrics, window_s=window_s)
+
+
+class SlowToStart:
+    """``stand_in_rank`` in an actor that takes ``start_s`` to start: it is unpickled there,
+    before the actor's constructor runs, and sleeps as it is."""
+
+    def __init__(self, start_s: float) -> None:
+        self.start_s = start_s
+
+    def __reduce__(self) -> tuple[object, tuple[float]]:
+        return _slow_to_unpickle, (self.start_s,)
+
+    def __call__(self, spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
+        return stand_in_rank(spec, rank, init_method)
+
+
+def _slow_to_unpickle(start_s: float) -> SlowToStart:
+    time.sleep(start_s)
+    return SlowToStart(start_s)
 
 
 def stand_in(
@@ -78,11 +98,16 @@ def warm_two_single_rank_gangs(runner: RayRunner) -> None:
 
 def test_independent_experiments_run_side_by_side(runner: RayRunner) -> None:
     warm_two_single_rank_gangs(runner)
-    started = time.perf_counter()
     results = list(runner.run_many([stand_in("a", sleep_s=3), stand_in("b", sleep_s=3)]))
-    elapsed = time.perf_counter() - started
     assert [r.status for r in results] == [Status.ok, Status.ok]
-    assert elapsed < 5, f"two 3 s experiments on 2 CPUs took {elapsed:.1f} s"
+    (a_start, a_end), (b_start, b_end) = (interval(r) for r in results)
+    assert a_start < b_end and b_start < a_end, "the two experiments ran one after the other"
+
+
+def interval(result: ExperimentResult) -> tuple[float, float]:
+    """When an experiment ran, in seconds since the epoch."""
+    start = datetime.fromisoformat(result.started_at).timestamp()
+    return start, start + result.duration_s
 
 
 def test_an_exception_in_the_driver_stops_the_running_actors(
@@ -119,6 +144,24 @@ def test_an_actor_that_died_while_idle_fails_one_experiment_and_is_replaced(
     again = runner.run(stand_in("replaced", world_size=2))
     assert again.ok, again.error
     assert victim not in {a.pid for a in runner.actors()}
+
+
+def test_a_new_gangs_start_up_does_not_count_against_the_timeout(runner: RayRunner) -> None:
+    runner.release_idle()  # the runner below needs a CPU this module's runner may hold
+    with RayRunner(rank_fn=SlowToStart(4.0), preload_torch=False) as slow:
+        result = slow.run(stand_in("after-a-slow-start", timeout_s=2))
+    assert result.status is Status.ok, result.error
+    assert result.duration_s >= 4  # the start-up is still the experiment's wall time
+
+
+def test_a_gang_that_never_starts_is_a_failed_experiment(runner: RayRunner) -> None:
+    runner.release_idle()
+    with RayRunner(
+        rank_fn=SlowToStart(600.0), preload_torch=False, actor_start_timeout_s=3
+    ) as never:
+        result = never.run(stand_in("never-starts", timeout_s=600))
+    assert result.status is Status.error
+    assert result.error == "RankStartError: the rank actors had not started within 3 s"
 
 
 _CTRL_C_DRIVER = """

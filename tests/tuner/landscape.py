@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status, Timings
 from autotune.profiling.model_info import ModelInfo
-from autotune.tuner import Candidate
+from autotune.tuner import Candidate, Tuner
 
 NUM_PARAMS = 20_000_000
 ACTIVATION_BYTES_PER_SAMPLE = 40_000_000
@@ -151,3 +151,42 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+@dataclass
+class CutOff:
+    """A run killed with experiments in flight: what tune() finds in the results directory."""
+
+    proposed: list[str]  # every name asked, in that order
+    finished: dict[str, ExperimentResult]  # in the order they finished (the log)
+    in_flight: dict[str, Candidate]  # started, never finished
+
+    def replay(self, tuner: Tuner) -> None:
+        """Tell ``tuner`` the log in proposal order, the cut-off ones owed in their places."""
+        for name in self.proposed:
+            if name in self.finished:
+                tuner.tell(self.finished[name])
+            else:
+                tuner.owe(name)
+
+
+def run_until_killed(
+    tuner: Tuner,
+    landscape: Landscape,
+    interrupt_after: int,
+    seed: int,
+    tell: Callable[[Tuner, ExperimentResult], None] = Tuner.tell,
+    slots: int = 3,
+) -> CutOff:
+    """Keep ``slots`` in flight, finishing them in a seeded random order, until
+    ``interrupt_after`` have finished."""
+    finish_order = random.Random(seed)
+    cut_off = CutOff([], {}, {})
+    while len(cut_off.finished) < interrupt_after:
+        while len(cut_off.in_flight) < slots and (candidate := tuner.ask()) is not None:
+            cut_off.proposed.append(candidate.name)
+            cut_off.in_flight[candidate.name] = candidate
+        done = cut_off.in_flight.pop(finish_order.choice(sorted(cut_off.in_flight)))
+        cut_off.finished[done.name] = landscape.run(done)
+        tell(tuner, cut_off.finished[done.name])
+    return cut_off

@@ -11,7 +11,7 @@ import pytest
 from autotune.experiment import ExperimentResult, Status, Timings, wall_time_s
 from autotune.tuner import Candidate, Phase, Tuner
 from tests.tuner.conftest import small_tuner
-from tests.tuner.landscape import Landscape, drive
+from tests.tuner.landscape import Landscape, drive, run_until_killed
 
 
 def drive_concurrently(
@@ -121,25 +121,12 @@ def test_a_resume_with_several_cut_off_runs_what_one_at_a_time_would(
     settings = {"tuner_early_stopping": 3, "tuner_num_trials": 14, "num_remeasure": 2}
     sequential = {c.name for c in drive(small_tuner(tuner_type, **settings), landscape)}
     for seed in range(3):
-        finish_order = random.Random(seed)
-        first = small_tuner(tuner_type, **settings)
-        proposed: list[str] = []
-        in_flight: dict[str, Candidate] = {}
-        finished: dict[str, ExperimentResult] = {}
-        while len(finished) < interrupt_after:
-            while len(in_flight) < 3 and (candidate := first.ask()) is not None:
-                proposed.append(candidate.name)
-                in_flight[candidate.name] = candidate
-            done = in_flight.pop(finish_order.choice(sorted(in_flight)))
-            finished[done.name] = landscape.run(done)
-            first.tell(finished[done.name])
+        killed = run_until_killed(
+            small_tuner(tuner_type, **settings), landscape, interrupt_after, seed
+        )
         resumed = small_tuner(tuner_type, **settings)
-        for name in proposed:  # what tune() replays from the log and the started folders
-            if name in finished:
-                resumed.tell(finished[name])
-            else:
-                resumed.owe(name)
+        killed.replay(resumed)
         rest = drive(resumed, landscape)
-        assert set(in_flight) <= {c.name for c in rest}, "a cut-off experiment was lost"
-        assert set(finished) | {c.name for c in rest} == sequential
-        assert not set(finished) & {c.name for c in rest}
+        assert set(killed.in_flight) <= {c.name for c in rest}, "a cut-off experiment was lost"
+        assert set(killed.finished) | {c.name for c in rest} == sequential
+        assert not set(killed.finished) & {c.name for c in rest}
