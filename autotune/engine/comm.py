@@ -267,6 +267,25 @@ class Communicator:
                 works.append(dist.broadcast(piece[rank], source, group=self.group, async_op=True))
         return Handle(*works)
 
+    def broadcast_from_first(self, tensors: list[torch.Tensor]) -> None:
+        """Overwrite ``tensors`` with rank 0's values: one blocking broadcast per dtype.
+
+        The dtypes go in order of first appearance in ``tensors``, never a set's order: a
+        set of dtypes iterates by the objects' addresses, which differ between processes, so
+        ranks would post the broadcasts in different orders (sizes) and gloo aborts one.
+        """
+        if self.group is None:
+            return
+        tensors = [t for t in tensors if t.numel() > 0]
+        source = dist.get_global_rank(self.group, 0)
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().reshape(-1) for t in same])
+            dist.broadcast(flat, source, group=self.group)
+            with torch.no_grad():
+                for tensor, piece in zip(same, flat.split([t.numel() for t in same]), strict=True):
+                    tensor.copy_(piece.view_as(tensor))
+
     def any_rank(self, flag: bool) -> bool:
         """True when ``flag`` is true on at least one rank (a small blocking all-reduce)."""
         if self.group is None:

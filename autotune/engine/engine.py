@@ -225,16 +225,7 @@ class ZeroEngine(nn.Module):
 
     def _broadcast_module(self) -> None:
         """Every rank starts from rank 0's weights and buffers, as DeepSpeed does."""
-        if self.comm.group is None:
-            return
-        tensors = [t for t in [*self.module.parameters(), *self.module.buffers()] if t.numel() > 0]
-        for dtype in {t.dtype for t in tensors}:
-            same = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in same])
-            dist.broadcast(flat, dist.get_global_rank(self.comm.group, 0), group=self.comm.group)
-            with torch.no_grad():
-                for tensor, piece in zip(same, flat.split([t.numel() for t in same]), strict=True):
-                    tensor.copy_(piece.view_as(tensor))
+        self.comm.broadcast_from_first([*self.module.parameters(), *self.module.buffers()])
 
     def _account_untrained(self, trainable: list[nn.Parameter]) -> None:
         ids = {id(p) for p in trainable}

@@ -268,3 +268,33 @@ def save_and_load(path: str) -> float:
     loaded = other.module_state_dict()
     target = copy.deepcopy(saved)
     return max(float((loaded[k] - target[k]).abs().max()) for k in target)
+
+
+def start_from_rank0(buffer_dtypes: list[str]) -> dict[str, Any]:
+    """Build an engine on a TinyNet with one rank-dependent buffer per dtype, in that order.
+
+    Returns the dtypes the start-up broadcasts went in (every rank must post them in one
+    order, whatever the process) and the buffers after it (rank 0's on every rank).
+    """
+    rank = dist.get_rank()
+    model = make_model()
+    for index, name in enumerate(buffer_dtypes):
+        values = torch.arange(4) + 10 * rank + index
+        model.register_buffer(f"extra_{index}", values.to(getattr(torch, name)))
+    broadcast_dtypes: list[str] = []
+    original = dist.broadcast
+
+    def recording(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        broadcast_dtypes.append(str(tensor.dtype).removeprefix("torch."))
+        return original(tensor, *args, **kwargs)
+
+    dist.broadcast = recording
+    try:
+        engine, _, _, _ = initialize(model=model, config=base_config({"stage": 2}))
+    finally:
+        dist.broadcast = original
+    ids, target = global_batch(0, 4)
+    engine.backward(engine(ids[2 * rank : 2 * rank + 2], target[2 * rank : 2 * rank + 2]))
+    engine.step()
+    buffers = {name: buf.tolist() for name, buf in engine.module.named_buffers()}
+    return {"dtypes": broadcast_dtypes, "buffers": buffers}

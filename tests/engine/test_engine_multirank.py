@@ -42,6 +42,22 @@ def test_matches_single_process_reference(
     pool.run(cases.match_reference, config)
 
 
+@pytest.mark.parametrize(
+    "buffer_dtypes", [["int64", "bool", "float64"], ["float64", "bool", "int64"]]
+)
+def test_start_up_broadcasts_go_in_one_order_on_every_rank(
+    pool: RankPool, buffer_dtypes: list[str]
+) -> None:
+    # One broadcast per dtype, in order of first appearance. In a set's order (by the dtype
+    # objects' addresses, which differ between processes) ranks posted different sizes and
+    # gloo aborted one, in about half of the runs (hf:bert: float32 weights vs int64 ids).
+    results = pool.run(cases.start_from_rank0, buffer_dtypes)
+    for result in results:
+        assert result["dtypes"] == ["float32", *buffer_dtypes]
+        assert result["buffers"] == results[0]["buffers"]
+    assert results[1]["buffers"]["extra_0"] == [0, 1, 2, 3]  # rank 0's values
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("gas", [1, 2])
 def test_gradients_missing_on_some_steps(pool: RankPool, stage: int, gas: int) -> None:

@@ -98,12 +98,12 @@ def test_without_transformers_the_error_says_how_to_get_it(
 @pytest.mark.multirank
 def test_autotune_run_tunes_an_hf_workload(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    model_type = "gpt2"
+    # bert: its int64 buffers (position and token type ids) beside float32 weights once made
+    # the ranks' start-up broadcasts go in different orders, and gloo aborted a rank.
+    model_type = "bert"
     config = {
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "train_micro_batch_size_per_gpu": 2,
-        # gpt2: BERT's masked LM sometimes aborts a rank on this engine (a gloo size mismatch
-        # between the ranks' collectives), at every stage; recorded as an error, not a crash.
         "zero_optimization": {"stage": [0, 2]},
         "autotuning": {
             "start_profile_step": 1,
