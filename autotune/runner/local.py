@@ -14,13 +14,13 @@ import queue
 import signal
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.outcome import experiment_verdict
-from autotune.runner.rank import RankOutcome
+from autotune.runner.rank import RankOutcome, entries_set
 
 # After the first rank fails, how long the others get to report before they are killed.
 FAILURE_GRACE_S = 10.0
@@ -177,17 +177,8 @@ def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
         process.join(timeout=5)
 
 
-@contextlib.contextmanager
-def _rank_environment(cpus_per_rank: int) -> Iterator[None]:
+def _rank_environment(cpus_per_rank: int) -> contextlib.AbstractContextManager[None]:
     """Spawned ranks inherit this environment: one rank's threads fit its cores."""
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update({name: str(cpus_per_rank) for name in names})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return entries_set(
+        os.environ, {name: str(cpus_per_rank) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    )

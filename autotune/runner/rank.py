@@ -15,9 +15,10 @@ import importlib
 import os
 import time
 import traceback
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
 
@@ -53,6 +54,25 @@ class RankOutcome:
     warmup_s: float = 0.0
     window_s: float = 0.0
     node_id: str = field(default_factory=lambda: os.uname().nodename)
+
+
+_V = TypeVar("_V")
+
+
+@contextlib.contextmanager
+def entries_set(mapping: MutableMapping[str, _V], updates: Mapping[str, _V]) -> Iterator[None]:
+    """``mapping`` holds ``updates`` inside the block; each key's earlier value (or absence)
+    comes back after it. For ``os.environ`` and ``sys.modules`` in long-lived rank processes."""
+    saved = {key: mapping.get(key) for key in updates}
+    mapping.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = value
 
 
 def set_rank_threads(num_threads: int) -> None:

@@ -36,7 +36,7 @@ from autotune.config import overlay
 from autotune.engine import hooks
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.profiling.window import StepTimer
-from autotune.runner.rank import RankOutcome
+from autotune.runner.rank import RankOutcome, entries_set
 from autotune.script import ScriptTarget
 
 # Submodules a DeepSpeed script imports (``import deepspeed.comm as dist``), served by autotune
@@ -318,16 +318,8 @@ def _deepspeed_alias() -> Iterator[None]:
     for name in _DEEPSPEED_SUBMODULES:
         with contextlib.suppress(ImportError):
             aliases[f"deepspeed.{name}"] = importlib.import_module(f"autotune.{name}")
-    saved = {name: sys.modules.get(name) for name in aliases}
-    sys.modules.update(aliases)
-    try:
+    with entries_set(sys.modules, aliases):
         yield
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 @contextlib.contextmanager
