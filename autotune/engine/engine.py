@@ -121,7 +121,7 @@ class ZeroEngine(nn.Module):
         self.global_steps = 0
         self.skipped_steps = 0
         self._step_skipped = False
-        self._grad_norm: float | None = None
+        self._grad_norm: torch.Tensor | None = None  # 0-d, unscaled; read on demand
         self._param_ids = frozenset(id(p) for p in self.params)
         _ENGINES.add(self)
 
@@ -314,10 +314,12 @@ class ZeroEngine(nn.Module):
         fp16 = self.dtype == torch.float16
         clipping = float(self.config.gradient_clipping)
         grad_scale = 1.0 / scale
-        # The norm is needed for clipping and overflow checks; scripts also log it
-        # (get_global_grad_norm), and it costs one pass over the shard and a tiny all-reduce.
-        norm = self._global_grad_norm() / scale
-        self._grad_norm = norm
+        # Scripts log the norm (get_global_grad_norm), so it is taken every step: one pass over
+        # the shard and a tiny all-reduce. It is read on the host (a CUDA sync) only when
+        # clipping or the fp16 overflow check needs it.
+        self._grad_norm = self._global_grad_norm() / scale
+        needs_norm = fp16 or clipping > 0
+        norm = float(self._grad_norm) if needs_norm else 0.0
         self._step_skipped = fp16 and not math.isfinite(norm)
         if self._step_skipped:
             self.skipped_steps += 1
@@ -339,11 +341,11 @@ class ZeroEngine(nn.Module):
         self._publish_params()
         self._check_memory("in the optimizer step")
 
-    def _global_grad_norm(self) -> float:
+    def _global_grad_norm(self) -> torch.Tensor:
         square_sum = self.master.grad_square_sum()
         if self.zero.stage > 0:
             square_sum = self.comm.sum_small(square_sum)
-        return float(square_sum.sqrt())
+        return square_sum.sqrt()
 
     def _publish_params(self) -> None:
         """Make every rank's updated shard visible to all (stages 1-3)."""
@@ -444,7 +446,7 @@ class ZeroEngine(nn.Module):
     def get_global_grad_norm(self) -> float | None:
         """The norm of the last optimizer step's gradients, unscaled and before clipping
         (None before the first step); inf or nan when an fp16 step overflowed."""
-        return self._grad_norm
+        return float(self._grad_norm) if self._grad_norm is not None else None
 
     def was_step_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (an fp16 overflow)."""
