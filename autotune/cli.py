@@ -8,6 +8,7 @@ import enum
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -325,8 +326,22 @@ def main() -> None:
 
     Usage errors are Typer's own (exit 2); commands turn library errors into :func:`fail`.
     """
+    warnings.showwarning = _one_line_warning
     try:
         app()
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+
+
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """A warning on the command line is one line naming the problem, like an error, not
+    Python's two lines pointing into autotune's source."""
+    typer.echo(f"warning: {message}", err=True)

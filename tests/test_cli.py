@@ -48,6 +48,21 @@ def test_validate_bad_config_exits_2_with_one_line_and_no_traceback(tmp_path: Pa
     assert "Traceback" not in proc.stderr
 
 
+def test_an_unknown_top_level_key_is_one_warning_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"cuda_visible_devices": 0, "train_batch_size": 8}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert proc.stderr.strip().splitlines() == [
+        "warning: config key 'cuda_visible_devices' is unknown; kept but not used"
+    ]
+
+
 def test_validate_missing_file_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.json")])
     assert result.exit_code == 2
