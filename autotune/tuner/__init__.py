@@ -16,9 +16,9 @@ from autotune.tuner.samplers import (
     Subspace,
     make_sampler,
 )
-from autotune.tuner.session import Candidate, Phase, Tuner
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
 from autotune.tuner.summary import TuningSummary
+from autotune.tuner.tuner import Candidate, Phase, Tuner
 
 __all__ = [
     "Candidate",

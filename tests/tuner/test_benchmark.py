@@ -14,7 +14,7 @@ import statistics
 
 from autotune.config import load_config
 from autotune.tuner import Tuner
-from autotune.tuner.session import MAX_REMEASURE_FACTOR
+from autotune.tuner.tuner import MAX_REMEASURE_FACTOR
 from tests.tuner.landscape import MODEL, Landscape, drive
 
 SEEDS = range(10)

@@ -7,7 +7,7 @@ from collections import Counter
 from autotune.config import load_config
 from autotune.experiment import Status
 from autotune.tuner import Phase, Tuner, split_repeat
-from autotune.tuner.session import MAX_REMEASURE_FACTOR
+from autotune.tuner.tuner import MAX_REMEASURE_FACTOR
 from tests.tuner.conftest import small_config, small_tuner
 from tests.tuner.landscape import FakeClock, Landscape, drive
 

@@ -9,7 +9,7 @@ import pytest
 
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner import Candidate, Phase
-from autotune.tuner.session import RAN_OUT_OF_DATA, SAME_FAILURE_LIMIT
+from autotune.tuner.tuner import RAN_OUT_OF_DATA, SAME_FAILURE_LIMIT
 from tests.tuner.landscape import Landscape, drive
 from tests.tuner.test_flow import fast_tuner, true_largest_fit
 
