@@ -18,8 +18,10 @@ from autotune.config import ConfigError, Metric, TunerType
 from autotune.config.sizes import format_size
 from autotune.defaults import (
     DEFAULT_CONFIG,
+    DEFAULT_CPUS_PER_RANK,
     DEFAULT_WORKLOAD,
     DEFAULT_WORLD_SIZE,
+    default_results_dir,
 )
 from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL
 
@@ -124,7 +126,7 @@ def run(
     runner: Annotated[
         RunnerKind, typer.Option(case_sensitive=False, help="ray: warm actors; local: fresh.")
     ] = RunnerKind.ray,
-    cpus_per_rank: Annotated[int, typer.Option(min=1)] = 1,
+    cpus_per_rank: Annotated[int, typer.Option(min=1)] = DEFAULT_CPUS_PER_RANK,
     gpus_per_rank: Annotated[
         float | None,
         typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
@@ -168,6 +170,8 @@ def run(
                 "in the script's arguments"
             )
         config = Path(found)
+    if config is None and results_dir is None:  # the built-in config
+        results_dir = default_results_dir()
     try:
         spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
         flags = {
@@ -203,7 +207,6 @@ def run(
         config=cfg,
         workload=workload,
         workload_args=args,
-        results_dir=Path(cfg.autotuning.results_dir),
         device_memory_bytes=budget,
         overwrite=overwrite or cfg.autotuning.overwrite,
         cpus_per_rank=cpus_per_rank,
@@ -220,7 +223,7 @@ def run(
         raise fail(str(err)) from None
     except KeyboardInterrupt:
         typer.echo(
-            f"interrupted: finished experiments are kept in {job.results_dir}; "
+            f"interrupted: finished experiments are kept in {job.results_path}; "
             "run the same command to resume",
             err=True,
         )

@@ -14,6 +14,7 @@ from autotune.runner import LocalRunner, local, run_local
 from autotune.runner.local import check_local_gpus
 from autotune.workloads import resolve_workload
 from tests.runner.faulty_workloads import TINY_GPT
+from tests.specs import job_spec
 
 pytestmark = pytest.mark.multirank
 FAULTY = "tests.runner.faulty_workloads:faulty"
@@ -32,15 +33,13 @@ def spec(
             "zero_optimization": {"stage": 2},
         },
     )
-    return ExperimentSpec(
-        name=name,
-        ds_config=ds_config,
+    return job_spec(
+        name,
+        ds_config,
         workload=workload,
         workload_args=TINY_GPT if args is None else args,
-        world_size=2,
         start_profile_step=2,
         end_profile_step=4,
-        timeout_s=kw.pop("timeout_s", 120.0),
         **kw,
     )
 

@@ -18,6 +18,7 @@ import pytest
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.runner.rank import RankOutcome
 from autotune.runner.ray_runner import RayRunner
+from tests.specs import job_spec
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,13 +58,11 @@ def _slow_to_unpickle(start_s: float) -> SlowToStart:
 def stand_in(
     name: str, world_size: int = 1, timeout_s: float = 60, **args: object
 ) -> ExperimentSpec:
-    return ExperimentSpec(
-        name=name,
-        ds_config={},
+    return job_spec(
+        name,
         workload="stand-in",
         workload_args=args,
         world_size=world_size,
-        start_profile_step=1,
         end_profile_step=1,
         timeout_s=timeout_s,
     )
