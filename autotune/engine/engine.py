@@ -697,9 +697,17 @@ def initialize(
             scheduler given both in the config and as an argument.
 
     Example:
-        >>> engine, optimizer, _, _ = initialize(model=net, config={
-        ...     "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}})
-        >>> loss = engine(batch); engine.backward(loss); engine.step()
+        >>> from autotune.workloads import build_mlp
+        >>> mlp = build_mlp(d_in=8, d_hidden=16, n_layer=1)
+        >>> engine, optimizer, _, _ = initialize(model=mlp.model, config={
+        ...     "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}})
+        >>> batch = mlp.make_batch(4, torch.Generator().manual_seed(0))
+        >>> loss = engine(*batch)
+        >>> engine.backward(loss)  # returns the loss, as DeepSpeed's does
+        tensor(..., grad_fn=<NllLossBackward0>)
+        >>> engine.step()
+        >>> engine.global_steps, engine.world_size
+        (1, 1)
     """
     del distributed_port, dist_init_required
     if model is None:
