@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import ExitStack
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -42,12 +41,7 @@ class Init:
     def __enter__(self) -> Init:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         return None
 
 
@@ -88,13 +82,8 @@ class GatheredParameters:
             self._stack.enter_context(engine.gathered_parameters(params, self.modifier_rank))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._stack.__exit__(exc_type, exc, traceback)
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stack.__exit__(*exc_info)  # the block's exception reaches the engine's context
 
 
 __all__ = ["GatheredParameters", "Init"]

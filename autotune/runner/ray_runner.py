@@ -40,7 +40,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from types import TracebackType
 from typing import Any, Literal
 
 import ray
@@ -642,12 +641,7 @@ class RayRunner:
     def __enter__(self) -> RayRunner:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _shape(self, spec: ExperimentSpec) -> GangShape:
