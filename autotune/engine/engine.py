@@ -34,6 +34,7 @@ from torch import nn
 
 from autotune.config import Config, ConfigError, load_config
 from autotune.engine import checkpoint, hooks
+from autotune.engine.backward_span import engine_backward
 from autotune.engine.comm import Communicator, local_cuda_device, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.launch import ConfigSource, config_source, script_config
@@ -285,7 +286,8 @@ class ZeroEngine(nn.Module):
         self.grads.begin_backward(self.is_gradient_accumulation_boundary())
         # Averaging over ranks and micro-batches is folded into the scale: the reduction sums.
         scale = self.loss_scaler.scale / (self.gradient_accumulation_steps() * self.comm.world_size)
-        (loss.float() * scale).backward()
+        with engine_backward():
+            (loss.float() * scale).backward()
         self.grads.finish_backward()
         if self.stage3 is not None:
             self.stage3.finish_backward()

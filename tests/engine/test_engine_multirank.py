@@ -159,6 +159,16 @@ def test_overlap_comm_reduces_during_backward(pool: RankPool) -> None:
             assert off["peak"] <= on["peak"], stage  # type: ignore[operator]
 
 
+def test_backward_counts_agree_without_torch_private_query(pool: RankPool) -> None:
+    # The engine's own backward span is the fallback for torch._C._current_graph_task_id.
+    for stage in (0, 3):
+        config = cases.base_config({"stage": stage, **SMALL_BUCKETS, "overlap_comm": True})
+        private = pool.run(cases.collectives, config)[0]
+        fallback = pool.run(cases.collectives_by_engine_span, config)[0]
+        assert fallback["in_backward"] == private["in_backward"] != {}, stage
+        assert fallback["overlapped"] == private["overlapped"] > 0, stage
+
+
 def test_stage1_reduce_scatter_stages_at_most_two_buckets(pool: RankPool) -> None:
     # Launched all at once, gloo's reduce-scatter exchanges would stage a second full copy
     # of the gradients and stage 1 would peak as high as stage 0.
