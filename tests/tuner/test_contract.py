@@ -55,6 +55,7 @@ def test_early_stopping_ends_a_phase_after_that_many_without_a_new_best(tuner_ty
     asked = drive(tuner, landscape)
     full = drive(small_tuner(tuner_type, num_remeasure=0), landscape)
     assert len(asked) < len(full)
+    assert tuner.summary().stop_reason == "no better result in the last 2 experiments"
     best, since = 0.0, {phase: 0 for phase in Phase}
     for candidate in asked:
         result = landscape.run(candidate)
