@@ -41,6 +41,15 @@ class TinyNet(nn.Module):
         return ((out - target) ** 2).mean()
 
 
+# Buckets small enough that TinyNet spreads over several of each kind.
+SMALL_BUCKETS = {
+    "reduce_bucket_size": 600,
+    "allgather_bucket_size": 700,
+    "stage3_param_persistence_threshold": 40,
+    "stage3_prefetch_bucket_size": 2000,
+}
+
+
 def make_model(seed: int = 0, side: bool = False) -> TinyNet:
     torch.manual_seed(seed)
     return TinyNet(side)

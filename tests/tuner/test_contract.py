@@ -8,8 +8,8 @@ from autotune.config import load_config
 from autotune.experiment import Status
 from autotune.tuner import Phase, Tuner, split_repeat
 from autotune.tuner.tuner import MAX_REMEASURE_FACTOR
-from tests.tuner.conftest import small_config, small_tuner
 from tests.tuner.landscape import FakeClock, Landscape, drive
+from tests.tuner.tuners import small_config, small_tuner
 
 
 def test_never_proposes_an_experiment_twice(tuner_type: str) -> None:
