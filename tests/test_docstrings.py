@@ -30,7 +30,14 @@ def examples_of(module_name: str) -> list[doctest.DocTest]:
     return [test for test in tests if test.examples]
 
 
-@pytest.mark.parametrize("module_name", MODULES)
+# The RayRunner's example runs experiments on Ray (its own cluster, or the session's).
+RAY_MODULES = {"autotune.runner.ray_runner"}
+
+
+@pytest.mark.parametrize(
+    "module_name",
+    [pytest.param(n, marks=pytest.mark.ray) if n in RAY_MODULES else n for n in MODULES],
+)
 def test_docstring_examples_run(module_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Paths in the examples (``results/example_run``) are the repository's, as a reader
     # running them from a checkout would see them.
