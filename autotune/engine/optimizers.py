@@ -26,6 +26,8 @@ class Lamb(torch.optim.Optimizer):
         >>> w = torch.nn.Parameter(torch.ones(3))
         >>> opt = Lamb([w], lr=0.1)
         >>> w.grad = torch.ones(3); opt.step()
+        >>> w.detach()  # the first Adam step is 1 and the trust ratio |w| / |step| is 1
+        tensor([0.9000, 0.9000, 0.9000])
     """
 
     def __init__(
