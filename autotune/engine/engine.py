@@ -164,18 +164,7 @@ class ZeroEngine(nn.Module):
         grads: ReplicatedGrads | PartitionedGrads
         if zero.stage == 2:
             segments = range(len(layout.segments))
-            grads = PartitionedGrads(
-                layout,
-                self.comm,
-                self.memory,
-                self.dtype,
-                self.device,
-                buckets=[range(s, s + 1) for s in segments],
-                order=segments,
-                scatter=zero.reduce_scatter,
-                contiguous=zero.contiguous_gradients,
-                overlap=zero.overlap_comm,
-            )
+            grads = self._partitioned_grads(layout, [range(s, s + 1) for s in segments], segments)
         else:
             grads = ReplicatedGrads(
                 params,
@@ -204,21 +193,28 @@ class ZeroEngine(nn.Module):
         sizes = group_by_numel([s.numel for s in layout.segments], zero.reduce_bucket_numel)
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         buckets = [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-        grads = PartitionedGrads(
+        grads = self._partitioned_grads(layout, buckets, reversed(range(len(buckets))))
+        shard = stage3.shard
+        owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in layout.segments]
+        return _StageParts(params, owned, layout, grads, stage3=stage3)
+
+    def _partitioned_grads(
+        self, layout: FlatLayout, buckets: Sequence[range], order: Iterable[int]
+    ) -> PartitionedGrads:
+        """Stages 2 and 3: gradient shards, ``buckets`` of segments reduced in ``order``."""
+        zero = self.zero
+        return PartitionedGrads(
             layout,
             self.comm,
             self.memory,
             self.dtype,
             self.device,
             buckets=buckets,
-            order=list(reversed(range(len(buckets)))),
+            order=list(order),
             scatter=zero.reduce_scatter,
             contiguous=zero.contiguous_gradients,
             overlap=zero.overlap_comm,
         )
-        shard = stage3.shard
-        owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in layout.segments]
-        return _StageParts(params, owned, layout, grads, stage3=stage3)
 
     def _params_in_owned(self) -> list[list[tuple[int, int, int]]]:
         """Per owned piece (whole segments at stage 0, this rank's chunks from stage 1 on),
