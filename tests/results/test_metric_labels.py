@@ -16,7 +16,7 @@ from autotune.experiment import Status
 from autotune.metric import PEAK_MEMORY_LABEL, Metric
 from autotune.results import ResultsDir, best_so_far, load_results, metric_vs_micro_batch
 from autotune.results.plots import MEMORY_AXIS_LABEL, throughput_vs_memory
-from tests.results.conftest import make_result, make_spec
+from tests.results.records import make_result, make_spec
 
 
 @pytest.fixture
