@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.engine.memory import model_state_bytes
-from autotune.engine.optimizers import optimizer_state_floats
+from autotune.model_states import model_state_bytes, optimizer_state_floats
 
 if TYPE_CHECKING:
     from autotune.config import Config
