@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import Config, ConfigError, OffloadDevice, ZeroConfig
+from autotune.config.keys import get_field
 
 # DeepSpeed's documented defaults, used for "auto" where the model size gives no better answer.
 DEFAULT_BUCKET_NUMEL = 500_000_000
@@ -77,9 +78,7 @@ def check_supported(config: Config) -> None:
         if value:
             raise _unsupported(key, True)
     for key in ("fp16.enabled", "bf16.enabled", "gradient_clipping"):
-        section, name = key.split(".") if "." in key else ("", key)
-        value = getattr(getattr(config, section), name) if section else getattr(config, name)
-        if value == "auto":
+        if get_field(config, key) == "auto":
             raise ConfigError(key, '"auto" must be resolved before training')
     zero = config.zero_optimization
     offload = zero.optimizer_offload_device
