@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from autotune.config.errors import ConfigError
 from autotune.config.keys import get_field, nested, parent_of
@@ -57,9 +57,9 @@ class Config(DeepSpeedConfig):
 
     Beside the sections it holds how it was loaded (what the user wrote, the search lists, the
     world size the batch triad was resolved for), so :meth:`with_overrides` loads the user's
-    own config again with a candidate's values. These are required fields, so no Config exists
-    without them; they are not config keys (``to_dict()`` leaves them out). Treat them as
-    read-only.
+    own config again with a candidate's values. These are required fields, and a Config made by
+    hand must be what they load to, so none exists that would lose what the user wrote; they
+    are not config keys (``to_dict()`` leaves them out). Treat them as read-only.
     """
 
     spec: dict[str, Any] = Field(
@@ -78,6 +78,16 @@ class Config(DeepSpeedConfig):
         description="Unknown top-level keys, kept as written (DeepSpeed ignores them, so does "
         "the engine).",
     )
+
+    @model_validator(mode="after")
+    def _is_what_its_spec_loads_to(self) -> Config:
+        # load_config constructs without validating again, so this runs only for a Config made
+        # by hand: one whose sections differ from its spec would change under with_overrides.
+        if load_config(self.spec, self.world_size) != self:
+            raise ValueError(
+                "the sections differ from what spec loads to; make a Config with load_config"
+            )
+        return self
 
     @property
     def is_concrete(self) -> bool:

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from autotune.config import Config, ConfigError, DeepSpeedConfig, load_config, set_key
+from autotune.config import (
+    Config,
+    ConfigError,
+    DeepSpeedConfig,
+    ZeroConfig,
+    load_config,
+    set_key,
+)
 from autotune.config.keys import MISSING, get_field, get_key, nested, parent_of, walk
 from autotune.config.overrides import overridden
 from autotune.config.schema import known_keys, spellings
@@ -28,6 +35,13 @@ def test_a_config_is_never_made_without_what_the_user_wrote() -> None:
     assert missing == {"spec", "search_space", "world_size", "foreign_keys"}
     with pytest.raises(ValidationError):
         Config.model_validate({"zero_optimization": {"stage": 2}})
+
+    loaded = load_config({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}, 2)
+    by_hand = Config(**dict(loaded))  # the sections and the record of how they were loaded
+    assert by_hand == loaded
+    assert by_hand.with_overrides({"train_micro_batch_size_per_gpu": 4}).precision == "fp16"
+    with pytest.raises(ValidationError, match="make a Config with load_config"):
+        Config(**{**dict(loaded), "zero_optimization": ZeroConfig(stage=3)})
 
 
 def test_overrides_keep_every_key_the_user_wrote_and_the_world_size() -> None:
