@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
 import types
 import typing
 from typing import Annotated, Any, Literal
@@ -614,19 +615,21 @@ def _section_model(model: Any, key: str) -> Any:
     return MISSING if found is None else found
 
 
-def known_keys(model: type[BaseModel], path: str = "") -> list[str]:
+@functools.cache  # the schema never changes, and every load asks for the top-level keys
+def known_keys(model: type[BaseModel], path: str = "") -> tuple[str, ...]:
     """Field names and aliases accepted at dotted ``path`` below ``model``."""
     section = walk(model, path, _section_model)
     if section is MISSING:
-        return []
+        return ()
     names: list[str] = []
     for name, field in section.model_fields.items():
         names.append(name)
         if isinstance(field.validation_alias, AliasChoices):
             names.extend(str(a) for a in field.validation_alias.choices)
-    return names
+    return tuple(names)
 
 
+@functools.cache  # every load asks for every searchable key
 def spellings(dotted: str, model: type[BaseModel] = DeepSpeedConfig) -> tuple[str, ...]:
     """All spellings of the last key of ``dotted`` (its name first).
 

@@ -127,7 +127,7 @@ def test_one_walk_serves_dicts_objects_and_the_schema() -> None:
         get_field(config, "zero_optimization.stag")
 
     assert "max_live_parameters" in known_keys(DeepSpeedConfig, "zero_optimization")
-    assert known_keys(DeepSpeedConfig, "zero_optimization.stage") == []  # not a section
+    assert known_keys(DeepSpeedConfig, "zero_optimization.stage") == ()  # not a section
     assert spellings("bf16") == ("bf16", "bfloat16")
     assert spellings("zero_optimization.stage") == ("stage",)
 
