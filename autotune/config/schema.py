@@ -107,25 +107,25 @@ class OpenSection(BaseModel):
 DEEPSPEED_OPTIMIZERS = ("Adam", "AdamW", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb")
 
 
-class _AdamMomentsParams(Section):
-    """What Adam and Lamb share: Lamb is Adam's update rescaled by a trust ratio."""
-
+class AdamParams(Section):
     lr: NonNegativeFloatOrAuto = 1e-3
     betas: tuple[float, float] | Literal["auto"] = (0.9, 0.999)
     eps: NonNegativeFloatOrAuto = 1e-8
     weight_decay: NonNegativeFloatOrAuto = 0.0
-    bias_correction: StrictBool = True
-
-
-class AdamParams(_AdamMomentsParams):
     amsgrad: StrictBool = False
+    bias_correction: StrictBool = True
     adam_w_mode: StrictBool = True
     torch_adam: StrictBool = False
     fused: StrictBool | None = None
     foreach: StrictBool | None = None
 
 
-class LambParams(_AdamMomentsParams):
+class LambParams(Section):
+    lr: NonNegativeFloatOrAuto = 1e-3
+    betas: tuple[float, float] | Literal["auto"] = (0.9, 0.999)
+    eps: NonNegativeFloatOrAuto = 1e-8
+    weight_decay: NonNegativeFloatOrAuto = 0.0
+    bias_correction: StrictBool = True
     max_coeff: NonNegativeFloat = 10.0
     min_coeff: NonNegativeFloat = 0.01
     max_grad_norm: NonNegativeFloat = 0.0
