@@ -531,10 +531,13 @@ class DeepSpeedConfig(Section):
     zero_force_ds_cpu_optimizer: StrictBool = True
     autotuning: AutotuningConfig = Field(default_factory=AutotuningConfig)
     flops_profiler: FlopsProfilerConfig = Field(default_factory=FlopsProfilerConfig)
+    # Logging: the engine answers steps_per_print(); DeepSpeed's timer, memory and state
+    # printouts have no counterpart (the profile window and the memory accounting report).
     wall_clock_breakdown: StrictBool = False
     memory_breakdown: StrictBool = False
     steps_per_print: PositiveInt = 10
     dump_state: StrictBool = False
+    # disable_allgather and fp32_allreduce are accepted without effect (engine/settings.py).
     disable_allgather: StrictBool = False
     fp32_allreduce: StrictBool = False
     dataloader_drop_last: StrictBool = False
