@@ -52,85 +52,6 @@ SEARCHABLE_KEYS = (
 ALL_STAGES = (0, 1, 2, 3)
 
 
-class Config(DeepSpeedConfig):
-    """A validated DeepSpeed config, as :func:`load_config` makes it.
-
-    Beside the sections it holds how it was loaded (what the user wrote, the search lists, the
-    world size the batch triad was resolved for), so :meth:`with_overrides` loads the user's
-    own config again with a candidate's values. These are required fields, and a Config made by
-    hand must be what they load to, so none exists that would lose what the user wrote; they
-    are not config keys (``to_dict()`` leaves them out). Treat them as read-only.
-    """
-
-    spec: dict[str, Any] = Field(
-        exclude=True,
-        description="The config as the user wrote it, before the batch triad was filled in.",
-    )
-    search_space: dict[str, tuple[Any, ...]] = Field(
-        exclude=True,
-        description='Keys holding several values to try: {"zero_optimization.stage": (1, 2)}.',
-    )
-    world_size: int = Field(
-        exclude=True, ge=1, description="The data-parallel ranks the batch triad is resolved for."
-    )
-    foreign_keys: dict[str, Any] = Field(
-        exclude=True,
-        description="Unknown top-level keys, kept as written (DeepSpeed ignores them, so does "
-        "the engine).",
-    )
-
-    @model_validator(mode="after")
-    def _is_what_its_spec_loads_to(self) -> Config:
-        # load_config constructs without validating again, so this runs only for a Config made
-        # by hand: one whose sections differ from its spec would change under with_overrides.
-        if load_config(self.spec, self.world_size) != self:
-            raise ValueError(
-                "the sections differ from what spec loads to; make a Config with load_config"
-            )
-        return self
-
-    @property
-    def is_concrete(self) -> bool:
-        """True when nothing is left to search and the batch triad is fully resolved."""
-        triad = (getattr(self, key) for key in TRIAD)
-        return not self.search_space and all(isinstance(v, int) for v in triad)
-
-    def to_dict(self, full: bool = False) -> dict[str, Any]:
-        """The config as JSON-ready data; ``load_config(cfg.to_dict()) == cfg``.
-
-        Args:
-            full: include every default, not only what was set (and the resolved triad).
-        """
-        data = self.model_dump(mode="json", exclude_unset=not full, exclude_none=full)
-        data.update(copy.deepcopy(self.foreign_keys))
-        return with_search_lists(data, self.search_space)
-
-    def to_json(self, full: bool = False, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(full=full), indent=indent)
-
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
-        """The user's config loaded again with dotted keys replaced, everything else kept.
-
-        Overriding the micro-batch keeps a ``train_batch_size`` the user fixed (accumulation is
-        derived again) and otherwise keeps the user's accumulation (the global batch follows).
-
-        Raises:
-            ConfigError: if the result breaks a rule.
-        """
-        return load_config(overridden(self.spec, overrides), world_size=self.world_size)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Config):
-            return NotImplemented
-        return (
-            self.model_dump() == other.model_dump()
-            and self.search_space == other.search_space
-            and self.world_size == other.world_size
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
 def load_config(source: str | Path | Mapping[str, Any] | Config, world_size: int = 1) -> Config:
     """Read and validate a DeepSpeed-style config.
 
@@ -260,6 +181,85 @@ def _load(raw: dict[str, Any], world_size: int) -> Config:
         world_size=world_size,
         foreign_keys=foreign,
     )
+
+
+class Config(DeepSpeedConfig):
+    """A validated DeepSpeed config, as :func:`load_config` makes it.
+
+    Beside the sections it holds how it was loaded (what the user wrote, the search lists, the
+    world size the batch triad was resolved for), so :meth:`with_overrides` loads the user's
+    own config again with a candidate's values. These are required fields, and a Config made by
+    hand must be what they load to, so none exists that would lose what the user wrote; they
+    are not config keys (``to_dict()`` leaves them out). Treat them as read-only.
+    """
+
+    spec: dict[str, Any] = Field(
+        exclude=True,
+        description="The config as the user wrote it, before the batch triad was filled in.",
+    )
+    search_space: dict[str, tuple[Any, ...]] = Field(
+        exclude=True,
+        description='Keys holding several values to try: {"zero_optimization.stage": (1, 2)}.',
+    )
+    world_size: int = Field(
+        exclude=True, ge=1, description="The data-parallel ranks the batch triad is resolved for."
+    )
+    foreign_keys: dict[str, Any] = Field(
+        exclude=True,
+        description="Unknown top-level keys, kept as written (DeepSpeed ignores them, so does "
+        "the engine).",
+    )
+
+    @model_validator(mode="after")
+    def _is_what_its_spec_loads_to(self) -> Config:
+        # load_config constructs without validating again, so this runs only for a Config made
+        # by hand: one whose sections differ from its spec would change under with_overrides.
+        if load_config(self.spec, self.world_size) != self:
+            raise ValueError(
+                "the sections differ from what spec loads to; make a Config with load_config"
+            )
+        return self
+
+    @property
+    def is_concrete(self) -> bool:
+        """True when nothing is left to search and the batch triad is fully resolved."""
+        triad = (getattr(self, key) for key in TRIAD)
+        return not self.search_space and all(isinstance(v, int) for v in triad)
+
+    def to_dict(self, full: bool = False) -> dict[str, Any]:
+        """The config as JSON-ready data; ``load_config(cfg.to_dict()) == cfg``.
+
+        Args:
+            full: include every default, not only what was set (and the resolved triad).
+        """
+        data = self.model_dump(mode="json", exclude_unset=not full, exclude_none=full)
+        data.update(copy.deepcopy(self.foreign_keys))
+        return with_search_lists(data, self.search_space)
+
+    def to_json(self, full: bool = False, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(full=full), indent=indent)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
+        """The user's config loaded again with dotted keys replaced, everything else kept.
+
+        Overriding the micro-batch keeps a ``train_batch_size`` the user fixed (accumulation is
+        derived again) and otherwise keeps the user's accumulation (the global batch follows).
+
+        Raises:
+            ConfigError: if the result breaks a rule.
+        """
+        return load_config(overridden(self.spec, overrides), world_size=self.world_size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Config):
+            return NotImplemented
+        return (
+            self.model_dump() == other.model_dump()
+            and self.search_space == other.search_space
+            and self.world_size == other.world_size
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class ConfigWarning(UserWarning):
