@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.config.keys import get_key
 from autotune.config.loader import SEARCHABLE_KEYS
 from autotune.experiment import Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
@@ -96,7 +97,7 @@ def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any
     }
     for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):
         if "." in key:
-            row[key] = _dig(config, key)
+            row[key] = get_key(config, key)
     return row
 
 
@@ -104,12 +105,3 @@ def _columns(rows: list[dict[str, Any]]) -> list[str]:
     if rows:
         return list(rows[0])
     return list(_row({"name": "", "status": ""}))
-
-
-def _dig(config: dict[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return node

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, OffloadDevice
+from autotune.config.keys import get_field, get_key
 from autotune.tuner.memory import DEFAULT_MARGIN_FRACTION, MemoryEstimate, estimate_memory
 from autotune.tuner.naming import (
     ABBREVIATIONS,
@@ -313,7 +314,7 @@ def micro_batch_sizes(config: Config) -> tuple[tuple[int, ...], bool]:
     listed = config.search_space.get(MICRO_BATCH_KEY)
     if listed:
         return tuple(sorted(listed)), True
-    spec = config.spec()
+    spec = config.spec
     triad = ("train_batch_size", MICRO_BATCH_KEY, ACCUMULATION_KEY)
     given: dict[str, int] = {k: spec[k] for k in triad if isinstance(spec.get(k), int)}
     micro = config.train_micro_batch_size_per_gpu
@@ -357,7 +358,7 @@ def _stages(config: Config) -> tuple[int, ...]:
     listed = config.search_space.get(STAGE_KEY)
     if listed:
         return tuple(sorted(listed))
-    if "stage" in (config.spec().get("zero_optimization") or {}):
+    if get_key(config.spec, STAGE_KEY) is not None:  # the user chose one
         return (config.zero_optimization.stage,)
     return ALL_STAGES
 
@@ -396,8 +397,5 @@ def _current_values(config: Config) -> dict[str, Any]:
     """The config's value at every key a candidate may set."""
     values: dict[str, Any] = {OFFLOAD_KEY: config.zero_optimization.optimizer_offload_device.value}
     for key in KNOB_STAGES:
-        node: Any = config
-        for part in key.split("."):
-            node = getattr(node, part)
-        values[key] = node
+        values[key] = get_field(config, key)
     return values
