@@ -4,8 +4,8 @@ Importable without torch.distributed or Ray.
 """
 
 from autotune.config.errors import ConfigError
+from autotune.config.knobs import KNOBS, SEARCHABLE_KEYS, Knob
 from autotune.config.loader import (
-    SEARCHABLE_KEYS,
     ConfigWarning,
     load_config,
     overlay,
@@ -31,6 +31,7 @@ from autotune.config.schema import (
 from autotune.config.sizes import format_size, parse_size
 
 __all__ = [
+    "KNOBS",
     "SEARCHABLE_KEYS",
     "AMPConfig",
     "AutotuningConfig",
@@ -40,6 +41,7 @@ __all__ = [
     "ConfigWarning",
     "FP16Config",
     "FlopsProfilerConfig",
+    "Knob",
     "Metric",
     "OffloadDevice",
     "OffloadOptimizerConfig",

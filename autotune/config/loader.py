@@ -18,27 +18,9 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ValidationError
 
 from autotune.config.errors import ConfigError
+from autotune.config.knobs import ALL_STAGES, SEARCHABLE_KEYS, STAGE_KEY
 from autotune.config.schema import AUTO, Config, OffloadDevice
 
-# Keys whose value may be a list of values to search (DeepSpeed's autotuner allows the same).
-SEARCHABLE_KEYS = (
-    "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps",
-    "zero_optimization.stage",
-    "zero_optimization.reduce_bucket_size",
-    "zero_optimization.allgather_bucket_size",
-    "zero_optimization.overlap_comm",
-    "zero_optimization.reduce_scatter",
-    "zero_optimization.contiguous_gradients",
-    "zero_optimization.allgather_partitions",
-    "zero_optimization.round_robin_gradients",
-    "zero_optimization.stage3_prefetch_bucket_size",
-    "zero_optimization.stage3_param_persistence_threshold",
-    "zero_optimization.stage3_max_live_parameters",
-    "zero_optimization.stage3_max_reuse_distance",
-    "zero_optimization.sub_group_size",
-)
-ALL_STAGES = (0, 1, 2, 3)
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
@@ -342,7 +324,7 @@ def _extract_search_space(raw: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
         if parent is None or key not in parent:
             continue
         values = parent[key]
-        if dotted == "zero_optimization.stage" and values == "all":
+        if dotted == STAGE_KEY and values == "all":
             values = list(ALL_STAGES)
         if not isinstance(values, list):
             continue
