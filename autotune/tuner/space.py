@@ -12,12 +12,12 @@ Defaults, each replaced by a list the user gives at that key:
   compared. A fixed
   ``train_batch_size`` admits only sizes that divide it (accumulation is derived); otherwise
   ``max_train_batch_size`` bounds the global batch.
-- **knobs** (``fast: false`` only): stage 1 ``reduce_bucket_size`` and
-  ``allgather_bucket_size``; stage 2 adds ``overlap_comm``, ``reduce_scatter`` and
-  ``contiguous_gradients``; stage 3 tunes its own ``stage3_*`` sizes instead. Sizes at or above
-  the model's parameter count all behave alike (one bucket holds everything), so they collapse
-  into one and fractions of the model take their place. Knobs the user lists are searched even
-  with ``fast: true``, at every stage whose engine reads them.
+- **knobs** (``fast: false`` only; the default grids of :data:`autotune.config.knobs.KNOBS`):
+  stage 1 ``reduce_bucket_size`` and ``allgather_bucket_size``; stage 2 adds ``overlap_comm``,
+  ``reduce_scatter`` and ``contiguous_gradients``; stage 3 tunes its own ``stage3_*`` sizes
+  instead. Sizes at or above the model's parameter count all behave alike (one bucket holds
+  everything), so they collapse into one and fractions of the model take their place. Knobs
+  the user lists are searched even with ``fast: true``, at every stage whose engine reads them.
 - **offload**: a stage that cannot fit even at the smallest micro-batch is tried with the
   optimizer offloaded to CPU, if that fits.
 
