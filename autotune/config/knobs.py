@@ -65,11 +65,6 @@ class Knob:
         if not all(type(v) is self.value_type for v in self.default_grid):
             raise ValueError(f"{self.key}: default grid values must be {self.value_type}")
 
-    @property
-    def section_key(self) -> str:
-        """The key inside its section (``reduce_bucket_size``)."""
-        return self.key.rsplit(".", 1)[-1]
-
 
 _Z = "zero_optimization."
 _STAGES_1_2 = frozenset({1, 2})

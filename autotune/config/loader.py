@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ValidationError
 
 from autotune.config.errors import ConfigError
-from autotune.config.knobs import ALL_STAGES, SEARCHABLE_KEYS, STAGE_KEY
+from autotune.config.knobs import ALL_STAGES, KNOB_BY_KEY, SEARCHABLE_KEYS, STAGE_KEY
 from autotune.config.schema import AUTO, Config, OffloadDevice
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -152,7 +152,7 @@ class ConfigWarning(UserWarning):
     """A config key that is kept but not used (an unknown top-level key)."""
 
 
-_warned: set[str] = set()  # foreign keys already warned about in this process
+_warned: set[str] = set()  # keys already warned about in this process
 
 
 def _split_foreign(raw: dict[str, Any]) -> dict[str, Any]:
@@ -174,16 +174,20 @@ def _split_foreign(raw: dict[str, Any]) -> dict[str, Any]:
                 "section and train without it)",
             )
         foreign[key] = raw.pop(key)
-        if key not in _warned:
-            _warned.add(key)
-            hint = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-            warnings.warn(
-                f"config key {key!r} is unknown; kept but not used"
-                + (f" (did you mean {hint[0]!r}?)" if hint else ""),
-                ConfigWarning,
-                stacklevel=4,
-            )
+        hint = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        _warn_once(
+            key,
+            f"config key {key!r} is unknown; kept but not used"
+            + (f" (did you mean {hint[0]!r}?)" if hint else ""),
+        )
     return foreign
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Warn about ``key`` once per process (configs are loaded again for every candidate)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, ConfigWarning, stacklevel=5)  # the caller of load_config
 
 
 def _near_section(key: str) -> str | None:
@@ -338,6 +342,12 @@ def _extract_search_space(raw: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
                 raise ConfigError(f"{dotted}[{index}]", err.rule) from None
             if value not in checked:
                 checked.append(value)
+        if not KNOB_BY_KEY[dotted].stages:
+            _warn_once(
+                dotted,
+                f"{dotted} has no effect on the built-in engine, so its list is not searched "
+                f"(the first value, {checked[0]!r}, is used)",
+            )
         space[dotted] = tuple(checked)
         del parent[key]
     return space

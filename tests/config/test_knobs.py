@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 import pytest
 
-from autotune.config import KNOBS, ConfigError, Knob, load_config
+from autotune.config import KNOBS, ConfigError, ConfigWarning, Knob, load_config, loader
 from autotune.config.knobs import OFFLOAD_KEY, name_position
 from autotune.config.loader import set_key
 from autotune.tuner.naming import split_repeat
@@ -26,6 +27,7 @@ def _two_values(knob: Knob) -> tuple[Any, ...]:
     return (True, False) if knob.value_type is bool else (2, 3)
 
 
+@pytest.mark.filterwarnings("ignore::autotune.config.ConfigWarning")  # round_robin_gradients
 @pytest.mark.parametrize(
     "knob", [k for k in KNOBS if k.searchable], ids=[k.abbreviation for k in KNOBS if k.searchable]
 )
@@ -58,3 +60,16 @@ def test_a_row_cannot_tune_by_default_where_the_engine_does_not_read_it() -> Non
         Knob("zero_optimization.x", "x", bool, frozenset({1}), frozenset({1, 2}), (True, False))
     with pytest.raises(ValueError, match="must be <class 'int'>"):
         Knob("zero_optimization.x", "x", int, frozenset({1}), frozenset({1}), (True, False))
+
+
+def test_a_list_at_a_key_the_engine_ignores_is_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(loader, "_warned", set())
+    raw = {"zero_optimization": {"round_robin_gradients": [True, False]}}
+    with pytest.warns(ConfigWarning, match=r"round_robin_gradients has no effect.*True, is used"):
+        config = load_config(raw)
+    assert config.search_space == {"zero_optimization.round_robin_gradients": (True, False)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        load_config(raw)
