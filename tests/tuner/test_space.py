@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from autotune.config import load_config
 from autotune.tuner import Tuner, build_space, candidate_name, split_repeat
 from autotune.tuner.space import default_knobs, micro_batch_sizes, size_grid
@@ -51,6 +53,7 @@ def test_user_lists_replace_defaults_and_apply_where_the_engine_reads_them() -> 
     assert dict(slow.plans[0].knobs)[Z + "allgather_bucket_size"] == (1_000_000, 10_000_000)
 
 
+@pytest.mark.filterwarnings("ignore::autotune.config.ConfigWarning")  # tests/config warns
 def test_knobs_the_engine_ignores_are_not_tuned_and_sub_groups_are_tuned_everywhere() -> None:
     # round_robin_gradients changes nothing in the engine: its list stays at its first value.
     raw = {
