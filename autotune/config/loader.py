@@ -149,7 +149,8 @@ def _load(raw: dict[str, Any], world_size: int) -> Config:
 
 
 class ConfigWarning(UserWarning):
-    """A config key that is kept but not used (an unknown top-level key)."""
+    """A config key that is kept but not used: an unknown top-level key, or a search list at a
+    key the engine ignores."""
 
 
 _warned: set[str] = set()  # keys already warned about in this process
