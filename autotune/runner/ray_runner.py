@@ -58,10 +58,13 @@ from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
 from autotune.runner.outcome import experiment_verdict
 from autotune.runner.rank import (
     RankOutcome,
+    entries_set,
     failure_outcome,
     import_before_process_groups,
     run_rank,
 )
+
+_WORKER_NICENESS = "RAY_worker_niceness"  # Ray's own spelling: its raylet reads this name
 
 RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
 """What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
@@ -503,7 +506,7 @@ class RayRunner:
         quiet: bool = True,
         actor_start_timeout_s: float = ACTOR_START_TIMEOUT_S,
     ) -> None:
-        self._owns_ray = _connect(address, num_cpus, quiet)
+        self._owns_ray = connect_ray(address, num_cpus, quiet)
         if gpus_per_rank is None:
             gpus_per_rank = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         self._gpus_per_rank = gpus_per_rank
@@ -786,8 +789,9 @@ def _ranks_per_node(shape: GangShape) -> list[int]:
     ]
 
 
-def _connect(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
-    """Connect to Ray; True if this call started it (and so its runner must shut it down)."""
+def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
+    """Connect to Ray, or start a local cluster (``num_cpus`` CPUs, default all); True if this
+    call started it (and so its caller must shut it down)."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
@@ -797,5 +801,10 @@ def _connect(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     if address:
         ray.init(address=address, **common)
         return False
-    ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, **common)
+    # Ray starts workers at niceness 15, so the ranks of an experiment yielded the CPU to any
+    # other process on the node (a notebook, a build) and measured its load, not the config.
+    # Ranks run as training would; an explicit RAY_worker_niceness still wins.
+    niceness = {_WORKER_NICENESS: os.environ.get(_WORKER_NICENESS, "0")}
+    with entries_set(os.environ, niceness):
+        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, **common)
     return True

@@ -3,7 +3,6 @@ seconds and most of a GiB)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -14,10 +13,11 @@ def ray_cluster() -> Iterator[str]:
     """A 2-CPU embedded Ray for the whole session; yields its address. Runners created while
     it is up connect to it and leave it running."""
     ray = pytest.importorskip("ray")
-    context = ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
-    )
+    from autotune.runner.ray_runner import connect_ray
+
+    # Started as a runner starts its own, so the tests see the ranks a user's run gets.
+    connect_ray(None, num_cpus=2, quiet=True)
     try:
-        yield str(context.address_info["address"])
+        yield str(ray.get_runtime_context().gcs_address)
     finally:
         ray.shutdown()

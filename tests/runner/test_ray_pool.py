@@ -202,3 +202,12 @@ def test_ctrl_c_in_the_driver_stops_its_actors(
     finally:
         driver.kill()
         driver.wait()
+
+
+def test_ranks_run_at_the_drivers_priority(runner: RayRunner, tmp_path: Path) -> None:
+    # Ray's default worker niceness (15) made every other process on the node a drain on the
+    # measured ranks: their throughput then measured the node's load, not the config.
+    result = runner.run(stand_in("priority", pid_dir=str(tmp_path)))
+    assert result.ok
+    rank_pid = int((tmp_path / "priority-0").read_text())
+    assert os.getpriority(os.PRIO_PROCESS, rank_pid) == os.getpriority(os.PRIO_PROCESS, 0)
