@@ -6,9 +6,8 @@ first use so that ``import autotune`` and ``autotune --help`` stay fast.
 
 from __future__ import annotations
 
-from typing import Any
-
 from autotune.config import Config, ConfigError, load_config
+from autotune.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -22,15 +21,7 @@ _LAZY = {
 _SUBMODULES = ("accelerator", "comm", "utils", "zero")  # deepspeed.accelerator, ...
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name in _SUBMODULES:
-        return importlib.import_module(f"autotune.{name}")
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("autotune", _LAZY, _SUBMODULES)
 
 
 __all__ = [

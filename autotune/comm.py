@@ -7,6 +7,7 @@ asks them before ``init_distributed`` too.
 Example:
     >>> import autotune as deepspeed
     >>> if deepspeed.comm.get_rank() == 0: print("only once")
+    only once
 """
 
 from __future__ import annotations

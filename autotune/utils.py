@@ -3,7 +3,8 @@
 
 Example:
     >>> from autotune.utils import log_dist
-    >>> log_dist("Creating Model", ranks=[0])   # printed by rank 0 only
+    >>> log_dist("Creating Model", ranks=[0])   # by rank 0 only; before a process group, by all
+    [...] [INFO] [Rank -1] Creating Model
 """
 
 from __future__ import annotations

@@ -1,20 +1,26 @@
 """``deepspeed.zero``'s context managers for stage-3 scripts: ``Init`` and ``GatheredParameters``.
 
 Example:
+    >>> import torch
     >>> import autotune as deepspeed
+    >>> from autotune.workloads import build_mlp
     >>> with deepspeed.zero.Init():
-    ...     model = build_model()           # built whole; initialize() partitions it
+    ...     model = build_mlp(d_in=8, d_hidden=16).model  # whole; initialize() partitions it
+    >>> ds_config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}}
     >>> engine, *_ = deepspeed.initialize(model=model, config=ds_config)
-    >>> with deepspeed.zero.GatheredParameters(model.head.weight, modifier_rank=0):
+    >>> head = model.net[-1].weight
+    >>> with deepspeed.zero.GatheredParameters(head, modifier_rank=0):
     ...     if deepspeed.comm.get_rank() == 0:
-    ...         model.head.weight.zero_()   # kept, and re-partitioned on exit
+    ...         _ = torch.nn.init.zeros_(head)  # kept, and re-partitioned on exit
+    >>> with deepspeed.zero.GatheredParameters(head):
+    ...     head.detach().abs().sum().item()
+    0.0
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import ExitStack
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -35,12 +41,7 @@ class Init:
     def __enter__(self) -> Init:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         return None
 
 
@@ -81,13 +82,8 @@ class GatheredParameters:
             self._stack.enter_context(engine.gathered_parameters(params, self.modifier_rank))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._stack.__exit__(exc_type, exc, traceback)
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stack.__exit__(*exc_info)  # the block's exception reaches the engine's context
 
 
 __all__ = ["GatheredParameters", "Init"]

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.results import DirectoryLock, load_results
+from tests.cli_process import start_autotune, wait_for_lines
 
 pytestmark = pytest.mark.multirank
 runner = CliRunner()
@@ -95,34 +95,16 @@ def test_run_report_best_and_resume(tmp_path: Path) -> None:
     assert table.exit_code == 0 and all(name in table.stdout for name in frame["name"])
 
 
-def _autotune(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "autotune", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _wait_for_lines(log: Path, count: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.exists() and len(log.read_text().splitlines()) >= count:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{log} never reached {count} lines")
-
-
 def test_kill_9_mid_run_loses_nothing_and_resume_finishes(tmp_path: Path) -> None:
     config, results = write_config(tmp_path), tmp_path / "results"
     log = results / "experiments.jsonl"
-    driver = _autotune(*run_args(config, results))
-    _wait_for_lines(log, 1)
+    driver = start_autotune(*run_args(config, results))
+    wait_for_lines(log, 1)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
     finished_before = [json.loads(line)["name"] for line in log.read_text().splitlines()]
 
-    resumed = _autotune(*run_args(config, results))
+    resumed = start_autotune(*run_args(config, results))
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     names = [json.loads(line)["name"] for line in log.read_text().splitlines()]
@@ -136,8 +118,8 @@ def test_kill_9_mid_run_loses_nothing_and_resume_finishes(tmp_path: Path) -> Non
 
 def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
     config, results = write_config(tmp_path), tmp_path / "results"
-    driver = _autotune(*run_args(config, results))
-    _wait_for_lines(results / "experiments.jsonl", 1)
+    driver = start_autotune(*run_args(config, results))
+    wait_for_lines(results / "experiments.jsonl", 1)
     driver.send_signal(signal.SIGINT)
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 130

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from autotune.display import Progress
 from autotune.tuning import TuningEvent, tune
+from tests.fake_cluster import FakeCluster
 from tests.runner.sim_cluster import tuning_job
-from tests.test_tuning import FakeCluster
 
 
 def test_every_running_experiment_is_shown(tmp_path: Path) -> None:

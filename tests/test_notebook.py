@@ -11,7 +11,7 @@ from nbclient import NotebookClient
 
 from autotune.experiment import Status
 from autotune.results import ResultsDir
-from tests.results.conftest import FINGERPRINT, make_result, make_spec
+from tests.results.records import FINGERPRINT, make_result, make_spec
 
 NOTEBOOK = Path(__file__).parents[1] / "experiments" / "analysis.ipynb"
 

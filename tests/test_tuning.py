@@ -4,45 +4,13 @@ each result recorded as it finishes, and an interruption cancels what is in flig
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 
-from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.tuning import ConcurrentRunner, tune
-from tests.runner.sim_cluster import config_metrics, tuning_job
-
-
-class FakeCluster:
-    """Room for ``fits`` experiments; finishes them in a seeded random order."""
-
-    def __init__(self, fits: int = 3, uses_gpus: bool = True, interrupt_after: int = 0) -> None:
-        self.fits, self.uses_gpus = fits, uses_gpus
-        self.in_flight: list[ExperimentSpec] = []
-        self.most_in_flight = 0
-        self.finished = 0
-        self.cancelled: list[str] = []
-        self._interrupt_after = interrupt_after
-        self._order = random.Random(0)
-
-    def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
-        return self.fits
-
-    def submit(self, spec: ExperimentSpec) -> None:
-        self.in_flight.append(spec)
-        self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
-
-    def wait(self) -> list[ExperimentResult]:
-        if self._interrupt_after and self.finished == self._interrupt_after:
-            raise KeyboardInterrupt
-        spec = self.in_flight.pop(self._order.randrange(len(self.in_flight)))
-        self.finished += 1
-        return [ExperimentResult(spec.name, Status.ok, config_metrics(spec))]
-
-    def cancel(self) -> None:
-        self.cancelled = [spec.name for spec in self.in_flight]
-        self.in_flight.clear()
+from tests.fake_cluster import FakeCluster
+from tests.runner.sim_cluster import tuning_job
 
 
 def logged_names(results_dir: Path) -> list[str]:

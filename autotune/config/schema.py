@@ -106,11 +106,16 @@ class OpenSection(BaseModel):
 DEEPSPEED_OPTIMIZERS = ("Adam", "AdamW", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb")
 
 
-class AdamParams(Section):
+class AdaptiveParams(Section):
+    """What Adam and Lamb share: moment averaging (``betas``) and the update's ``eps``."""
+
     lr: NonNegativeFloatOrAuto = 1e-3
     betas: tuple[float, float] | Literal["auto"] = (0.9, 0.999)
     eps: NonNegativeFloatOrAuto = 1e-8
     weight_decay: NonNegativeFloatOrAuto = 0.0
+
+
+class AdamParams(AdaptiveParams):
     amsgrad: StrictBool = False
     bias_correction: StrictBool = True
     adam_w_mode: StrictBool = True
@@ -119,11 +124,7 @@ class AdamParams(Section):
     foreach: StrictBool | None = None
 
 
-class LambParams(Section):
-    lr: NonNegativeFloatOrAuto = 1e-3
-    betas: tuple[float, float] | Literal["auto"] = (0.9, 0.999)
-    eps: NonNegativeFloatOrAuto = 1e-8
-    weight_decay: NonNegativeFloatOrAuto = 0.0
+class LambParams(AdaptiveParams):
     bias_correction: StrictBool = True
     max_coeff: NonNegativeFloat = 10.0
     min_coeff: NonNegativeFloat = 0.01

@@ -1,9 +1,20 @@
 """The built-in ZeRO engine (stages 0-3), shaped like DeepSpeed's.
 
-Example:
+Example (a lone process trains on its own; under torchrun the ranks share the work):
+    >>> import torch
     >>> import autotune as deepspeed
-    >>> engine, optimizer, _, scheduler = deepspeed.initialize(model=model, config=ds_config)
-    >>> loss = engine(inputs); engine.backward(loss); engine.step()
+    >>> from autotune.workloads import build_mlp
+    >>> mlp = build_mlp(d_in=8, d_hidden=16, n_layer=1)
+    >>> ds_config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2},
+    ...              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    >>> engine, optimizer, _, scheduler = deepspeed.initialize(model=mlp.model, config=ds_config)
+    >>> inputs = mlp.make_batch(4, torch.Generator().manual_seed(0))
+    >>> loss = engine(*inputs)
+    >>> engine.backward(loss)  # returns the loss, as DeepSpeed's does
+    tensor(..., grad_fn=<NllLossBackward0>)
+    >>> engine.step()
+    >>> engine.global_steps, engine.zero_optimization_stage()
+    (1, 2)
 """
 
 from autotune.engine import memory

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from autotune.engine.backward_span import in_backward
 from autotune.engine.memory import MemoryTracker, tensor_bytes
 
 # torch 2.13 renamed the flat-tensor collectives (the old names warn); torch 2.4 lacks the new.
@@ -101,7 +102,7 @@ class Communicator:
     def _record(self, kind: str, numel: int) -> None:
         self.log.calls[kind] += 1
         self.log.numel[kind] += numel
-        if torch._C._current_graph_task_id() != -1:
+        if in_backward():
             self.log.calls_in_backward[kind] += 1
 
     def all_reduce(self, tensor: torch.Tensor) -> Handle:

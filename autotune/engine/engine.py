@@ -25,6 +25,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from torch import nn
 
 from autotune.config import Config, ConfigError, load_config
 from autotune.engine import checkpoint, hooks
+from autotune.engine.backward_span import engine_backward
 from autotune.engine.comm import Communicator, local_cuda_device, resolve_group
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.launch import ConfigSource, config_source, script_config
@@ -49,6 +51,18 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SCHEDULER_ORDER_WARNINGS = r"(Detected call of .lr_scheduler\.step|Seems like .optimizer\.step)"
 # Live engines, so that zero.GatheredParameters can find the one that holds a parameter.
 _ENGINES: weakref.WeakSet[ZeroEngine] = weakref.WeakSet()
+
+
+@dataclass
+class _StageParts:
+    """What building a ZeRO stage makes, for the engine to keep."""
+
+    params: list[nn.Parameter]  # trainable parameters in layout order
+    owned: list[torch.Tensor]  # the pieces this rank's optimizer updates, one per segment
+    layout: FlatLayout
+    grads: ReplicatedGrads | PartitionedGrads
+    flat_params: torch.Tensor | None = None  # stages 0-2: the one buffer holding every weight
+    stage3: Stage3Params | None = None
 
 
 class ZeroEngine(nn.Module):
@@ -91,14 +105,16 @@ class ZeroEngine(nn.Module):
         self._activations = ActivationTracker(self.memory) if self.device.type == "cpu" else None
         self._account_untrained(trainable)
 
-        self.stage3: Stage3Params | None = None
-        self._flat_params: torch.Tensor | None = None
-        if self.zero.stage < 3:
-            self.params, owned = self._build_flat(trainable)
-        else:
-            self.params, owned = self._build_stage3(trainable)
+        built = (
+            self._build_flat(trainable) if self.zero.stage < 3 else self._build_stage3(trainable)
+        )
+        self.params, self.layout, self.grads = built.params, built.layout, built.grads
+        self.stage3, self._flat_params = built.stage3, built.flat_params
+        if self._flat_params is not None and self._activations is not None:
+            # The flat buffer holds the weights: backward saving a view of it is no activation.
+            self._activations.excluded.add(self._flat_params.untyped_storage().data_ptr())
         self.master = MasterParams(
-            owned,
+            built.owned,
             self.grads.owned_grads,
             self._params_in_owned(),
             ParamGroups(group_options, tuple(group_of[id(p)] for p in self.params)),
@@ -127,89 +143,78 @@ class ZeroEngine(nn.Module):
 
     # --- building the stage ---------------------------------------------------------------
 
-    def _build_flat(
-        self, trainable: list[nn.Parameter]
-    ) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+    def _build_flat(self, trainable: list[nn.Parameter]) -> _StageParts:
         """Stages 0-2: all parameters in one flat buffer, one segment per reduce bucket."""
         zero, n = self.zero, self.comm.world_size
         # Backward produces gradients roughly in reverse order of registration; laying the
         # buffer out that way lets the first buckets fill (and be sent) first.
         params = list(reversed(trainable))
         numels = [p.numel() for p in params]
-        self.layout = FlatLayout.build(
+        layout = FlatLayout.build(
             numels, group_by_numel(numels, zero.reduce_bucket_numel), n if zero.stage > 0 else 1
         )
-        flat = torch.zeros(self.layout.numel, dtype=self.dtype, device=self.device)
+        flat = torch.zeros(layout.numel, dtype=self.dtype, device=self.device)
         self.memory.add("params", tensor_bytes(flat))
         for param, view in zip(
-            params, param_views(flat, self.layout, [p.shape for p in params]), strict=True
+            params, param_views(flat, layout, [p.shape for p in params]), strict=True
         ):
             view.copy_(param.detach())
             param.data = view
-        self._flat_params = flat
-        if self._activations is not None:
-            self._activations.excluded.add(flat.untyped_storage().data_ptr())
-        rows = [segment_rows(flat, s, self.layout.world_size) for s in self.layout.segments]
+        rows = [segment_rows(flat, s, layout.world_size) for s in layout.segments]
+        grads: ReplicatedGrads | PartitionedGrads
         if zero.stage == 2:
-            segments = range(len(self.layout.segments))
-            self.grads: ReplicatedGrads | PartitionedGrads = PartitionedGrads(
-                self.layout,
-                self.comm,
-                self.memory,
-                self.dtype,
-                self.device,
-                buckets=[range(s, s + 1) for s in segments],
-                order=segments,
-                scatter=zero.reduce_scatter,
-                contiguous=zero.contiguous_gradients,
-                overlap=zero.overlap_comm,
-            )
+            segments = range(len(layout.segments))
+            grads = self._partitioned_grads(layout, [range(s, s + 1) for s in segments], segments)
         else:
-            self.grads = ReplicatedGrads(
+            grads = ReplicatedGrads(
                 params,
-                self.layout,
+                layout,
                 self.comm,
                 self.memory,
                 overlap=zero.overlap_comm,
                 scatter=zero.stage == 1 and zero.reduce_scatter,
                 owned_rows=zero.stage == 1,
             )
-        if zero.stage == 0:
-            return params, [r.view(-1) for r in rows]
-        return params, [r[self.comm.rank] for r in rows]
+        owned = [r.view(-1) for r in rows] if zero.stage == 0 else [r[self.comm.rank] for r in rows]
+        return _StageParts(params, owned, layout, grads, flat_params=flat)
 
-    def _build_stage3(
-        self, trainable: list[nn.Parameter]
-    ) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+    def _build_stage3(self, trainable: list[nn.Parameter]) -> _StageParts:
         """Stage 3: one segment per module's parameters, each rank keeping its chunks."""
         zero = self.zero
         units, persistent = plan_units(self.module, set(trainable), zero.persistence_threshold)
         params = [p for unit in units for p in unit]
-        self.layout = FlatLayout.build(
+        layout = FlatLayout.build(
             [p.numel() for p in params], [len(u) for u in units], self.comm.world_size
         )
         limits = Stage3Limits(zero.prefetch_numel, zero.max_live_numel, zero.max_reuse_distance)
-        self.stage3 = Stage3Params(
-            self.module, units, persistent, self.layout, self.comm, self.memory, limits
+        stage3 = Stage3Params(
+            self.module, units, persistent, layout, self.comm, self.memory, limits
         )
-        sizes = group_by_numel([s.numel for s in self.layout.segments], zero.reduce_bucket_numel)
+        sizes = group_by_numel([s.numel for s in layout.segments], zero.reduce_bucket_numel)
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         buckets = [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-        self.grads = PartitionedGrads(
-            self.layout,
+        grads = self._partitioned_grads(layout, buckets, reversed(range(len(buckets))))
+        shard = stage3.shard
+        owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in layout.segments]
+        return _StageParts(params, owned, layout, grads, stage3=stage3)
+
+    def _partitioned_grads(
+        self, layout: FlatLayout, buckets: Sequence[range], order: Iterable[int]
+    ) -> PartitionedGrads:
+        """Stages 2 and 3: gradient shards, ``buckets`` of segments reduced in ``order``."""
+        zero = self.zero
+        return PartitionedGrads(
+            layout,
             self.comm,
             self.memory,
             self.dtype,
             self.device,
             buckets=buckets,
-            order=list(reversed(range(len(buckets)))),
+            order=list(order),
             scatter=zero.reduce_scatter,
             contiguous=zero.contiguous_gradients,
             overlap=zero.overlap_comm,
         )
-        shard = self.stage3.shard
-        owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in self.layout.segments]
-        return params, owned
 
     def _params_in_owned(self) -> list[list[tuple[int, int, int]]]:
         """Per owned piece (whole segments at stage 0, this rank's chunks from stage 1 on),
@@ -285,7 +290,8 @@ class ZeroEngine(nn.Module):
         self.grads.begin_backward(self.is_gradient_accumulation_boundary())
         # Averaging over ranks and micro-batches is folded into the scale: the reduction sums.
         scale = self.loss_scaler.scale / (self.gradient_accumulation_steps() * self.comm.world_size)
-        (loss.float() * scale).backward()
+        with engine_backward():
+            (loss.float() * scale).backward()
         self.grads.finish_backward()
         if self.stage3 is not None:
             self.stage3.finish_backward()
@@ -697,9 +703,17 @@ def initialize(
             scheduler given both in the config and as an argument.
 
     Example:
-        >>> engine, optimizer, _, _ = initialize(model=net, config={
-        ...     "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}})
-        >>> loss = engine(batch); engine.backward(loss); engine.step()
+        >>> from autotune.workloads import build_mlp
+        >>> mlp = build_mlp(d_in=8, d_hidden=16, n_layer=1)
+        >>> engine, optimizer, _, _ = initialize(model=mlp.model, config={
+        ...     "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}})
+        >>> batch = mlp.make_batch(4, torch.Generator().manual_seed(0))
+        >>> loss = engine(*batch)
+        >>> engine.backward(loss)  # returns the loss, as DeepSpeed's does
+        tensor(..., grad_fn=<NllLossBackward0>)
+        >>> engine.step()
+        >>> engine.global_steps, engine.world_size
+        (1, 1)
     """
     del distributed_port, dist_init_required
     if model is None:

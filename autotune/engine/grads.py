@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotune.engine.backward_span import in_backward
 from autotune.engine.comm import Communicator, Handle
 from autotune.engine.memory import MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, param_views, segment_rows, shard_piece
@@ -71,7 +72,7 @@ class _OrderedLauncher:
             self._next += 1
             if self._synchronous:
                 self.wait_oldest()
-            elif torch._C._current_graph_task_id() != -1:
+            elif in_backward():
                 self.overlapped += 1
 
     def launch_all(self) -> None:

@@ -26,6 +26,8 @@ class Lamb(torch.optim.Optimizer):
         >>> w = torch.nn.Parameter(torch.ones(3))
         >>> opt = Lamb([w], lr=0.1)
         >>> w.grad = torch.ones(3); opt.step()
+        >>> w.detach()  # the first Adam step is 1 and the trust ratio |w| / |step| is 1
+        tensor([0.9000, 0.9000, 0.9000])
     """
 
     def __init__(
@@ -40,16 +42,16 @@ class Lamb(torch.optim.Optimizer):
         min_coeff: float = 0.01,
         max_grad_norm: float = 0.0,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            bias_correction=bias_correction,
-            max_coeff=max_coeff,
-            min_coeff=min_coeff,
-            max_grad_norm=max_grad_norm,
-        )
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "bias_correction": bias_correction,
+            "max_coeff": max_coeff,
+            "min_coeff": min_coeff,
+            "max_grad_norm": max_grad_norm,
+        }
         super().__init__(params, defaults)
         self._tensor_of: dict[torch.Tensor, int] | None = None
         self._num_tensors = 0

@@ -4,8 +4,7 @@ Pure measurement: nothing here writes files. The step statistics are importable 
 torch (experiment records use them); the torch-based parts load on first use.
 """
 
-from typing import Any
-
+from autotune.lazy import lazy_getattr
 from autotune.profiling.window import StepTimer, WindowStats, window_stats
 
 _TORCH_PARTS = {
@@ -17,13 +16,7 @@ _TORCH_PARTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _TORCH_PARTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'autotune.profiling' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("autotune.profiling", _TORCH_PARTS)
 
 
 __all__ = [

@@ -35,8 +35,10 @@ def load_results(path: str | Path) -> pd.DataFrame:
         ResultsDirError: ``path`` is not a results directory.
 
     Example:
-        >>> df = load_results("autotune_results")
-        >>> df[df.status == "ok"].sort_values("throughput", ascending=False).head()
+        >>> df = load_results("results/example_run")  # the default run this repository holds
+        >>> best = df[df.status == "ok"].sort_values("throughput", ascending=False).iloc[0]
+        >>> int(best["zero_stage"]) in range(4), bool(best["throughput"] > 0)
+        (True, True)
     """
     import pandas as pd
 

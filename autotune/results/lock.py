@@ -7,7 +7,6 @@ import json
 import os
 import socket
 from pathlib import Path
-from types import TracebackType
 
 LOCK_NAME = ".autotune.lock"
 
@@ -66,10 +65,5 @@ class DirectoryLock:
         self.acquire()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()

@@ -44,9 +44,16 @@ class ResultsDir:
     """Reads and writes one results directory.
 
     Example:
-        >>> with ResultsDir.open("runs/gpt", fingerprint) as results:
-        ...     done = results.finished_names()
-        ...     results.record(spec, result)
+        >>> import tempfile
+        >>> from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+        >>> spec = ExperimentSpec("z1_mbs64", {"zero_optimization": {"stage": 1}})
+        >>> result = ExperimentResult("z1_mbs64", Status.oom, error="OutOfMemoryError: ...")
+        >>> fingerprint = {"tuned": {"workload": "gpt", "world_size": 2}}
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     with ResultsDir.open(path, fingerprint) as results:
+        ...         results.record(spec, result)  # the log line commits it: never re-run
+        ...         sorted(results.finished_names())
+        ['z1_mbs64']
     """
 
     def __init__(self, path: str | Path) -> None:

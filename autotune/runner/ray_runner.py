@@ -40,7 +40,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from types import TracebackType
 from typing import Any, Literal
 
 import ray
@@ -466,11 +465,17 @@ def _death_cause(exc: BaseException) -> str:
 class RayRunner:
     """Runs experiments on warm Ray actors; a failed experiment is a result, never a raise.
 
-    Example:
-        >>> with RayRunner(num_cpus=2) as runner:  # doctest: +SKIP
-        ...     result = runner.run(spec)
-        ...     for result in runner.run_many(specs):  # finished first, first out
-        ...         print(result.name, result.status)
+    Example (an embedded Ray of 2 CPUs, the mlp on 2 ranks at ZeRO stages 1 and 2):
+        >>> from autotune.experiment import ExperimentSpec
+        >>> def spec(stage):
+        ...     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+        ...               "gradient_accumulation_steps": 1, "zero_optimization": {"stage": stage}}
+        ...     return ExperimentSpec(f"z{stage}_mbs2", config, workload="mlp", world_size=2,
+        ...                           start_profile_step=1, end_profile_step=2)
+        >>> with RayRunner(num_cpus=2) as runner:  # the actors stay warm between experiments
+        ...     results = list(runner.run_many([spec(1), spec(2)]))  # as they end; run(): one
+        >>> sorted((r.name, r.status.value, r.metrics.throughput > 0) for r in results)
+        [('z1_mbs2', 'ok', True), ('z2_mbs2', 'ok', True)]
 
     Args:
         address: an existing Ray cluster (``"auto"``, ``"host:port"``); default
@@ -645,12 +650,7 @@ class RayRunner:
     def __enter__(self) -> RayRunner:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _shape(self, spec: ExperimentSpec) -> GangShape:

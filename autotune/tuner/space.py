@@ -199,8 +199,10 @@ def build_space(
     Example:
         >>> from autotune.config import load_config
         >>> space = build_space(load_config({"zero_optimization": {"stage": [1, 2]}}, 2))
-        >>> [p.variant.label for p in space.plans], space.plans[0].ladder[-3:]
-        (['z1', 'z2'], (256, 512, 1024))
+        >>> [p.variant.label for p in space.plans]
+        ['z1', 'z2']
+        >>> space.plans[0].ladder[:3], space.plans[0].ladder[-1]  # every allowed size
+        ((1, 2, 3), 1024)
     """
     searched = config.search_space
     fixed = {k: v[0] for k, v in searched.items() if k not in (STAGE_KEY, MICRO_BATCH_KEY)}

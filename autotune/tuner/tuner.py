@@ -373,10 +373,7 @@ class Tuner:
         name = next((n for n in owed if self._is_free(n)), None)
         if name is not None:
             return name
-        patience = self._tuning.tuner_early_stopping
-        if self._since_best() >= patience:
-            if not self._pending:  # else results in flight may still bring a new best
-                self._stop_reason = f"no better result in the last {patience} experiments"
+        if self._patience_spent():  # until a result in flight brings a new best, if one does
             return None
         point = self._sampler.ask(lambda p: self._is_open(self._point_names[p]))
         return self._point_names[point] if point is not None else None
@@ -487,8 +484,23 @@ class Tuner:
                 size = ladder[(low + high) // 2]
         return size
 
+    def _phase_end_reason(self) -> str:
+        """Why the phase that has nothing more to propose ended: a limit it reached, or ""
+        where it ran all it had."""
+        if self._phase is Phase.remeasure:
+            return ""
+        if self._search_budget_spent():
+            return f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
+        if self._sampler is not None and self._patience_spent():
+            return f"no better result in the last {self._tuning.tuner_early_stopping} experiments"
+        return ""
+
     def _advance(self) -> None:
-        """Move to the next phase that has something to do."""
+        """End the current phase (keeping why, if a limit ended it) and move to the next
+        phase that has something to do."""
+        reason = self._phase_end_reason()
+        if reason:
+            self._stop_reason = reason
         self._sampler, self._phase_points, self._point_names = None, {}, {}
         self._phase = _PHASES[_PHASES.index(self._phase) + 1]
         if self._phase is Phase.micro_batch:
@@ -814,10 +826,10 @@ class Tuner:
     def _search_budget_spent(self) -> bool:
         in_flight = sum(1 for c in self._pending.values() if c.repeat_of is None)
         spent = sum(1 for _ in self._search_results()) + in_flight
-        if spent < self._tuning.tuner_num_trials:
-            return False
-        self._stop_reason = f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
-        return True
+        return spent >= self._tuning.tuner_num_trials
+
+    def _patience_spent(self) -> bool:
+        return self._since_best() >= self._tuning.tuner_early_stopping
 
     def _of_a_later_phase(self, name: str) -> bool:
         """A knob experiment while the micro-batch phase runs: replayed from a run that got

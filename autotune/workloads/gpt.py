@@ -168,6 +168,8 @@ def build_gpt(
     Example:
         >>> wl = build_gpt("27m", n_layer=4)
         >>> loss = wl.model(*wl.make_batch(2, torch.Generator().manual_seed(0)))
+        >>> loss.shape, round(loss.item()) == round(math.log(wl.model.cfg.vocab))  # near ln(V)
+        (torch.Size([]), True)
     """
     if size not in GPT_SIZES:
         raise ValueError(f"unknown gpt size {size!r}; sizes are {', '.join(GPT_SIZES)}")

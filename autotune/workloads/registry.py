@@ -168,6 +168,8 @@ def resolve_workload(
 
     Example:
         >>> wl = resolve_workload("gpt", {"n_layer": 1}, seed=0)
+        >>> type(wl.model).__name__, [tuple(t.shape) for t in wl.make_batch(2, torch.Generator())]
+        ('GPT', [(2, 128), (2, 128)])
     """
     factory = find_factory(spec)
     return _build(spec, factory, args or {}, seed)

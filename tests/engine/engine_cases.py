@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autotune.engine import Lamb, initialize, model_state_bytes
+from autotune.engine import Lamb, backward_span, initialize, model_state_bytes
 
 VOCAB, WIDTH, SEQ = 32, 16, 6
 
@@ -39,6 +39,15 @@ class TinyNet(nn.Module):
             hidden = hidden + self.side(hidden)
         out = self.head(hidden).squeeze(-1).float()
         return ((out - target) ** 2).mean()
+
+
+# Buckets small enough that TinyNet spreads over several of each kind.
+SMALL_BUCKETS = {
+    "reduce_bucket_size": 600,
+    "allgather_bucket_size": 700,
+    "stage3_param_persistence_threshold": 40,
+    "stage3_prefetch_bucket_size": 2000,
+}
 
 
 def make_model(seed: int = 0, side: bool = False) -> TinyNet:
@@ -193,6 +202,16 @@ def collectives(config: dict[str, Any], steps: int = 2) -> dict[str, Any]:
         "overlapped": engine.grads.overlapped,
         **extra,
     }
+
+
+def collectives_by_engine_span(config: dict[str, Any]) -> dict[str, Any]:
+    """:func:`collectives` where torch lacks its private graph-task query (the fallback)."""
+    saved = backward_span._graph_task_id
+    backward_span._graph_task_id = None
+    try:
+        return collectives(config)
+    finally:
+        backward_span._graph_task_id = saved
 
 
 def model_states(stage: int) -> dict[str, int]:

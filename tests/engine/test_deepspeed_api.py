@@ -248,6 +248,12 @@ def test_zero_init_and_gathered_parameters_in_one_process() -> None:
     with deepspeed.zero.GatheredParameters([weight]), torch.no_grad():
         weight.fill_(3.0)
     assert bool((engine.module_state_dict()["0.weight"] == 0.25).all())
+    # A block that raises keeps nothing: the exception reaches the engine's context.
+    modifying = deepspeed.zero.GatheredParameters(weight, modifier_rank=0)
+    with pytest.raises(RuntimeError, match="abandoned"), modifying, torch.no_grad():
+        weight.fill_(5.0)
+        raise RuntimeError("abandoned")
+    assert bool((engine.module_state_dict()["0.weight"] == 0.25).all())
 
 
 class _Recorder:

@@ -15,7 +15,6 @@ from autotune.engine import comm
 from autotune.engine.memory import MemoryTracker
 from autotune.runner import rank
 from tests.engine import engine_cases as cases
-from tests.engine.test_engine_multirank import SMALL_BUCKETS
 
 
 @pytest.fixture
@@ -32,7 +31,7 @@ def one_rank_gloo() -> Iterator[None]:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_a_group_of_one_rank_matches_the_reference(stage: int) -> None:
     # gloo's reduce-scatter exchange once summed "the other ranks' rows" and had none.
-    cases.match_reference(cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=2))
+    cases.match_reference(cases.base_config({"stage": stage, **cases.SMALL_BUCKETS}, gas=2))
 
 
 def test_cuda_tracker_starts_from_a_fresh_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:

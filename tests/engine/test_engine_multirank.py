@@ -21,14 +21,6 @@ def pool() -> Iterator[RankPool]:
     ranks.close()
 
 
-SMALL_BUCKETS = {
-    "reduce_bucket_size": 600,
-    "allgather_bucket_size": 700,
-    "stage3_param_persistence_threshold": 40,
-    "stage3_prefetch_bucket_size": 2000,
-}
-
-
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize(
     ("gas", "clip", "overlap"), [(1, 0.0, True), (2, 0.0, False), (2, 0.05, True)]
@@ -37,7 +29,7 @@ def test_matches_single_process_reference(
     pool: RankPool, stage: int, gas: int, clip: float, overlap: bool
 ) -> None:
     config = cases.base_config(
-        {"stage": stage, "overlap_comm": overlap, **SMALL_BUCKETS}, gas=gas, clip=clip
+        {"stage": stage, "overlap_comm": overlap, **cases.SMALL_BUCKETS}, gas=gas, clip=clip
     )
     pool.run(cases.match_reference, config)
 
@@ -64,7 +56,7 @@ def test_gradients_missing_on_some_steps(pool: RankPool, stage: int, gas: int) -
     # Gradient buffers are overwritten rather than zeroed each step: a parameter without a
     # gradient must still count as zero, not as last step's. (Plain SGD: a zero gradient
     # leaves it where the reference, which skips it, does.)
-    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=gas, optimizer="SGD")
+    config = cases.base_config({"stage": stage, **cases.SMALL_BUCKETS}, gas=gas, optimizer="SGD")
     pool.run(cases.match_reference, config, steps=4, side=True)
 
 
@@ -73,13 +65,15 @@ def test_gradients_missing_on_some_steps(pool: RankPool, stage: int, gas: int) -
 def test_backend_collectives_match(pool: RankPool, stage: int, gas: int) -> None:
     # On gloo the engine exchanges point to point; other backends take their own
     # reduce-scatter and all-gather (with staging for several pieces at once).
-    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=gas)
+    config = cases.base_config({"stage": stage, **cases.SMALL_BUCKETS}, gas=gas)
     pool.run(cases.match_reference, config, backend_collectives=True)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bf16_tracks_fp32_reference(pool: RankPool, stage: int) -> None:
-    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=2, clip=0.5, precision="bf16")
+    config = cases.base_config(
+        {"stage": stage, **cases.SMALL_BUCKETS}, gas=2, clip=0.5, precision="bf16"
+    )
     pool.run(cases.match_reference, config, atol=3e-2, rtol=3e-2)
 
 
@@ -87,7 +81,7 @@ def test_bf16_tracks_fp32_reference(pool: RankPool, stage: int) -> None:
 def test_knob_variants_still_match(pool: RankPool, stage: int) -> None:
     zero = {
         "stage": stage,
-        **SMALL_BUCKETS,
+        **cases.SMALL_BUCKETS,
         "reduce_scatter": False,
         "contiguous_gradients": False,
         "allgather_partitions": False,
@@ -101,14 +95,14 @@ def test_knob_variants_still_match(pool: RankPool, stage: int) -> None:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_param_groups_keep_their_options(pool: RankPool, stage: int) -> None:
     # Groups with different weight decay and learning rate share segments and shards.
-    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=2, clip=0.5)
+    config = cases.base_config({"stage": stage, **cases.SMALL_BUCKETS}, gas=2, clip=0.5)
     pool.run(cases.match_reference, config, groups=True)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_lamb_trust_ratio_is_per_parameter(pool: RankPool, stage: int) -> None:
     # Parameters split across ranks and sub-groups: the norms must still be whole-tensor.
-    zero = {"stage": stage, **SMALL_BUCKETS, "sub_group_size": 50}
+    zero = {"stage": stage, **cases.SMALL_BUCKETS, "sub_group_size": 50}
     config = cases.base_config(zero, optimizer="Lamb")
     config["optimizer"]["params"].update(weight_decay=0.1, max_grad_norm=0.5)
     pool.run(cases.match_reference, config, groups=True)
@@ -116,23 +110,24 @@ def test_lamb_trust_ratio_is_per_parameter(pool: RankPool, stage: int) -> None:
 
 @pytest.mark.parametrize("optimizer", ["AdamW", "Lamb"])
 def test_offload_and_bf16_with_groups(pool: RankPool, optimizer: str) -> None:
-    offload = {"stage": 2, **SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
+    offload = {"stage": 2, **cases.SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
     pool.run(cases.match_reference, cases.base_config(offload, optimizer=optimizer), groups=True)
     bf16 = cases.base_config(
-        {"stage": 3, **SMALL_BUCKETS}, precision="bf16", optimizer=optimizer, gas=2
+        {"stage": 3, **cases.SMALL_BUCKETS}, precision="bf16", optimizer=optimizer, gas=2
     )
     pool.run(cases.match_reference, bf16, groups=True, atol=3e-2, rtol=3e-2)
 
 
 def test_cpu_offload_matches(pool: RankPool) -> None:
-    zero = {"stage": 2, **SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
+    zero = {"stage": 2, **cases.SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
     pool.run(cases.match_reference, cases.base_config(zero))
 
 
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam", "RMSprop"])
 def test_other_optimizers_match(pool: RankPool, optimizer: str) -> None:
     pool.run(
-        cases.match_reference, cases.base_config({"stage": 1, **SMALL_BUCKETS}, optimizer=optimizer)
+        cases.match_reference,
+        cases.base_config({"stage": 1, **cases.SMALL_BUCKETS}, optimizer=optimizer),
     )
 
 
@@ -157,6 +152,16 @@ def test_overlap_comm_reduces_during_backward(pool: RankPool) -> None:
         else:  # partitioned: each full bucket is still reduced (and freed) in backward
             assert off["in_backward"].get(kind, 0) > 0, stage  # type: ignore[union-attr]
             assert off["peak"] <= on["peak"], stage  # type: ignore[operator]
+
+
+def test_backward_counts_agree_without_torch_private_query(pool: RankPool) -> None:
+    # The engine's own backward span is the fallback for torch._C._current_graph_task_id.
+    for stage in (0, 3):
+        config = cases.base_config({"stage": stage, **cases.SMALL_BUCKETS, "overlap_comm": True})
+        private = pool.run(cases.collectives, config)[0]
+        fallback = pool.run(cases.collectives_by_engine_span, config)[0]
+        assert fallback["in_backward"] == private["in_backward"] != {}, stage
+        assert fallback["overlapped"] == private["overlapped"] > 0, stage
 
 
 def test_stage1_reduce_scatter_stages_at_most_two_buckets(pool: RankPool) -> None:

@@ -18,6 +18,7 @@ from autotune.engine import (
     OneCycle,
     WarmupDecayLR,
     WarmupLR,
+    backward_span,
     build_loss_scaler,
     initialize,
     model_state_bytes,
@@ -263,3 +264,25 @@ def test_bad_param_groups_name_the_problem(groups: Any, message: str) -> None:
     model = _model()
     with pytest.raises(ValueError, match=message):
         initialize(model=model, model_parameters=groups(model), config={"train_batch_size": 2})
+
+
+@pytest.mark.parametrize("private_api", [True, False], ids=["graph_task_id", "engine_span"])
+def test_in_backward_answers_with_or_without_torch_private_query(
+    private_api: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not private_api:
+        monkeypatch.setattr(backward_span, "_graph_task_id", None)
+    seen: list[bool] = []
+    weight = torch.nn.Parameter(torch.ones(3))
+    weight.register_post_accumulate_grad_hook(lambda _: seen.append(backward_span.in_backward()))
+    with backward_span.engine_backward():
+        (weight * 2).sum().backward()
+    assert seen == [True] and not backward_span.in_backward()
+
+
+def test_a_missing_or_changed_graph_task_query_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert backward_span.probe_graph_task_id() is not None  # this torch has it
+    monkeypatch.delattr(torch._C, "_current_graph_task_id")
+    assert backward_span.probe_graph_task_id() is None
+    monkeypatch.setattr(torch._C, "_current_graph_task_id", lambda task: task, raising=False)
+    assert backward_span.probe_graph_task_id() is None  # wrong signature

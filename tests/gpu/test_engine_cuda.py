@@ -14,7 +14,6 @@ from autotune.profiling.model_info import model_info
 from autotune.tuner.memory import estimate_memory
 from autotune.workloads import resolve_workload
 from tests.engine import engine_cases as cases
-from tests.engine.test_engine_multirank import SMALL_BUCKETS
 from tests.gpu.cuda_cases import (
     GPU_GPT,
     NEEDS_CUDA,
@@ -46,7 +45,7 @@ def one_rank_nccl() -> Iterator[None]:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_matches_single_process_reference(stage: int, precision: str) -> None:
     extra, tolerance = PRECISIONS[precision]
-    config = cases.base_config({"stage": stage, **SMALL_BUCKETS}, gas=2, clip=0.5, **extra)
+    config = cases.base_config({"stage": stage, **cases.SMALL_BUCKETS}, gas=2, clip=0.5, **extra)
     cases.match_reference(config, **tolerance)
 
 
@@ -59,7 +58,7 @@ def test_fp16_overflow_skips_and_scales_down() -> None:
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_cpu_offload_matches_reference(stage: int) -> None:
     # The optimizer steps on the host; gradients go down and parameters come back up.
-    zero = {"stage": stage, **SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
+    zero = {"stage": stage, **cases.SMALL_BUCKETS, "offload_optimizer": {"device": "cpu"}}
     cases.match_reference(cases.base_config(zero))
 
 

@@ -10,7 +10,6 @@ import torch
 
 from tests.engine import engine_cases as cases
 from tests.engine.rank_pool import RankPool
-from tests.engine.test_engine_multirank import SMALL_BUCKETS
 from tests.gpu.cuda_cases import NEEDS_CUDA, PRECISIONS
 
 pytestmark = [
@@ -37,7 +36,7 @@ def test_matches_single_process_reference(
     pool: RankPool, stage: int, precision: str, overlap: bool
 ) -> None:
     extra, tolerance = PRECISIONS[precision]
-    zero = {"stage": stage, "overlap_comm": overlap, **SMALL_BUCKETS}
+    zero = {"stage": stage, "overlap_comm": overlap, **cases.SMALL_BUCKETS}
     config = cases.base_config(zero, gas=2, clip=0.5, **extra)
     pool.run(cases.match_reference, config, **tolerance)
 
@@ -46,7 +45,7 @@ def test_matches_single_process_reference(
 def test_knob_variants_still_match(pool: RankPool, stage: int) -> None:
     zero = {
         "stage": stage,
-        **SMALL_BUCKETS,
+        **cases.SMALL_BUCKETS,
         "reduce_scatter": False,
         "allgather_partitions": False,
         "contiguous_gradients": False,
@@ -60,7 +59,7 @@ def test_overlap_comm_gives_the_same_numbers(pool: RankPool) -> None:
         runs = [
             pool.run(
                 cases.match_reference,
-                cases.base_config({"stage": stage, "overlap_comm": overlap, **SMALL_BUCKETS}),
+                cases.base_config({"stage": stage, "overlap_comm": overlap, **cases.SMALL_BUCKETS}),
             )
             for overlap in (True, False)
         ]

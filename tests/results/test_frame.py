@@ -20,7 +20,7 @@ from autotune.results import (
     pareto_front,
     throughput_vs_memory,
 )
-from tests.results.conftest import make_result, make_spec
+from tests.results.records import make_result, make_spec
 
 REQUIRED = [
     "name",

@@ -18,7 +18,7 @@ from autotune.results import (
     atomic_write_json,
     read_jsonl,
 )
-from tests.results.conftest import FINGERPRINT, make_result, make_spec
+from tests.results.records import FINGERPRINT, make_result, make_spec
 
 
 def test_record_writes_the_experiment_folder_and_one_log_line(results: ResultsDir) -> None:

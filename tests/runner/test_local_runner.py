@@ -4,45 +4,17 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from autotune.config import ConfigError
-from autotune.experiment import ExperimentSpec, Status
+from autotune.experiment import Status
 from autotune.runner import LocalRunner, local, run_local
 from autotune.runner.local import check_local_gpus
 from autotune.workloads import resolve_workload
-from tests.runner.faulty_workloads import TINY_GPT
+from tests.runner.specs import FAULTY, spec
 
 pytestmark = pytest.mark.multirank
-FAULTY = "tests.runner.faulty_workloads:faulty"
-
-
-def spec(
-    name: str, workload: str = "gpt", args: dict[str, Any] | None = None, **kw: Any
-) -> ExperimentSpec:
-    ds_config = kw.pop(
-        "ds_config",
-        {
-            "train_batch_size": 8,
-            "train_micro_batch_size_per_gpu": 2,
-            "gradient_accumulation_steps": 2,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-            "zero_optimization": {"stage": 2},
-        },
-    )
-    return ExperimentSpec(
-        name=name,
-        ds_config=ds_config,
-        workload=workload,
-        workload_args=TINY_GPT if args is None else args,
-        world_size=2,
-        start_profile_step=2,
-        end_profile_step=4,
-        timeout_s=kw.pop("timeout_s", 120.0),
-        **kw,
-    )
 
 
 def test_ok_experiment_has_consistent_metrics() -> None:

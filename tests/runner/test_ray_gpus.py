@@ -16,7 +16,7 @@ from autotune.config import ConfigError
 from autotune.experiment import Status
 from autotune.runner import ray_runner
 from autotune.runner.ray_runner import RayRunner, check_gpus_fit
-from tests.runner.test_ray_pool import stand_in
+from tests.runner.specs import stand_in
 
 TWO_GPUS = {"CPU": 16.0, "GPU": 2.0}
 

@@ -15,24 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.rank import RankOutcome
 from autotune.runner.ray_runner import RayRunner
+from tests.runner.specs import stand_in, stand_in_rank
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
-    """Sleeps ``sleep_s`` and reports success; writes its pid to ``pid_dir`` if given."""
-    args = spec.workload_args
-    if "pid_dir" in args:
-        (Path(args["pid_dir"]) / f"{spec.name}-{rank}").write_text(str(os.getpid()))
-    started = time.perf_counter()
-    time.sleep(float(args.get("sleep_s", 0.0)))
-    window_s = time.perf_counter() - started
-    metrics = Metrics.from_window([window_s], 1, 1.0, 0).to_dict()
-    return RankOutcome(rank=rank, status=Status.ok, metrics=metrics, window_s=window_s)
 
 
 class SlowToStart:
@@ -52,21 +41,6 @@ class SlowToStart:
 def _slow_to_unpickle(start_s: float) -> SlowToStart:
     time.sleep(start_s)
     return SlowToStart(start_s)
-
-
-def stand_in(
-    name: str, world_size: int = 1, timeout_s: float = 60, **args: object
-) -> ExperimentSpec:
-    return ExperimentSpec(
-        name=name,
-        ds_config={},
-        workload="stand-in",
-        workload_args=args,
-        world_size=world_size,
-        start_profile_step=1,
-        end_profile_step=1,
-        timeout_s=timeout_s,
-    )
 
 
 def alive(pid: int) -> bool:
@@ -167,7 +141,7 @@ def test_a_gang_that_never_starts_is_a_failed_experiment(runner: RayRunner) -> N
 _CTRL_C_DRIVER = """
 import sys, time
 from autotune.runner.ray_runner import RayRunner
-from tests.runner.test_ray_pool import stand_in, stand_in_rank
+from tests.runner.specs import stand_in, stand_in_rank
 
 try:
     with RayRunner(rank_fn=stand_in_rank) as runner:

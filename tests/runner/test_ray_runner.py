@@ -14,7 +14,7 @@ import pytest
 
 from autotune.experiment import ExperimentResult, Status
 from autotune.runner.ray_runner import ActorInfo, RayRunner
-from tests.runner.test_local_runner import FAULTY, spec
+from tests.runner.specs import FAULTY, spec
 
 pytestmark = pytest.mark.ray
 

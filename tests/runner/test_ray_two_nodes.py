@@ -35,7 +35,7 @@ import json, sys, time
 import ray
 
 from autotune.runner.ray_runner import RayRunner
-from tests.runner.test_local_runner import spec
+from tests.runner.specs import spec
 
 address = sys.argv[1]
 report = {}

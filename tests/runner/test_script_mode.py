@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.results import load_results
-from tests.test_cli_run import _autotune, _wait_for_lines
+from tests.cli_process import start_autotune, wait_for_lines
 
 pytestmark = pytest.mark.multirank
 SCRIPT = Path(__file__).with_name("ds_script.py")
@@ -99,13 +99,13 @@ def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path) -> N
     command = ["run", "--runner", "local", "--results-dir", str(results), "-q", "--"]
     command += [str(SCRIPT), "--deepspeed", str(config), "--init", "engine"]
 
-    driver = _autotune(*command)
-    _wait_for_lines(log, 1)
+    driver = start_autotune(*command)
+    wait_for_lines(log, 1)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
     finished_before = [json.loads(line)["name"] for line in log.read_text().splitlines()]
 
-    resumed = _autotune(*command)
+    resumed = start_autotune(*command)
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     records = [json.loads(line) for line in log.read_text().splitlines()]

@@ -1,50 +1,10 @@
-"""Shared helpers: a small tuning problem on the synthetic landscape."""
+"""The fixture that runs a test once per tuner type; the tuners are built in ``tuners.py``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from autotune.config import Config, load_config
-from autotune.tuner import Tuner
-from tests.tuner.landscape import MODEL, FakeClock, Landscape
-
-TUNERS = ("gridsearch", "random", "model_based")
-
-
-def small_config(tuner_type: str, **autotuning: Any) -> Config:
-    """Stages 1 and 2, three micro-batches each, two knobs the user lists: 24 points."""
-    return load_config(
-        {
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-            "zero_optimization": {
-                "stage": [1, 2],
-                "reduce_bucket_size": [1_000_000, 20_000_000],
-                "overlap_comm": [False, True],
-            },
-            "autotuning": {
-                "tuner_type": tuner_type,
-                "max_train_micro_batch_size_per_gpu": 64,
-                "tuner_early_stopping": 1000,
-                "tuner_num_trials": 1000,
-                **autotuning,
-            },
-        },
-        world_size=2,
-    )
-
-
-def small_tuner(
-    tuner_type: str, clock: FakeClock | None = None, storage: str | None = None, **autotuning: Any
-) -> Tuner:
-    return Tuner(
-        small_config(tuner_type, **autotuning),
-        MODEL,
-        device_memory_bytes=Landscape().budget_bytes,
-        clock=clock or FakeClock(),
-        storage=storage,
-    )
+from tests.tuner.tuners import TUNERS
 
 
 @pytest.fixture(params=TUNERS)

@@ -190,3 +190,16 @@ def run_until_killed(
         cut_off.finished[done.name] = landscape.run(done)
         tell(tuner, cut_off.finished[done.name])
     return cut_off
+
+
+def true_largest_fit(landscape: Landscape, stage: int, cap: int = 1024) -> int:
+    def config(size: int) -> dict[str, object]:
+        return {
+            "zero_optimization": {"stage": stage},
+            "train_micro_batch_size_per_gpu": size,
+            "gradient_accumulation_steps": 1,
+        }
+
+    return max(
+        s for s in range(1, cap + 1) if landscape.peak_bytes(config(s)) <= landscape.budget_bytes
+    )

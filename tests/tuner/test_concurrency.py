@@ -10,8 +10,8 @@ import pytest
 
 from autotune.experiment import ExperimentResult, Status, Timings, wall_time_s
 from autotune.tuner import Candidate, Phase, Tuner
-from tests.tuner.conftest import small_tuner
 from tests.tuner.landscape import Landscape, drive, run_until_killed
+from tests.tuner.tuners import small_tuner
 
 
 def drive_concurrently(

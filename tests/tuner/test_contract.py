@@ -8,8 +8,8 @@ from autotune.config import load_config
 from autotune.experiment import Status
 from autotune.tuner import Phase, Tuner, split_repeat
 from autotune.tuner.tuner import MAX_REMEASURE_FACTOR
-from tests.tuner.conftest import small_config, small_tuner
 from tests.tuner.landscape import FakeClock, Landscape, drive
+from tests.tuner.tuners import small_config, small_tuner
 
 
 def test_never_proposes_an_experiment_twice(tuner_type: str) -> None:
@@ -55,6 +55,7 @@ def test_early_stopping_ends_a_phase_after_that_many_without_a_new_best(tuner_ty
     asked = drive(tuner, landscape)
     full = drive(small_tuner(tuner_type, num_remeasure=0), landscape)
     assert len(asked) < len(full)
+    assert tuner.summary().stop_reason == "no better result in the last 2 experiments"
     best, since = 0.0, {phase: 0 for phase in Phase}
     for candidate in asked:
         result = landscape.run(candidate)

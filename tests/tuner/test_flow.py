@@ -8,25 +8,8 @@ import pytest
 
 from autotune.config import load_config
 from autotune.tuner import Phase, Tuner
-from tests.tuner.landscape import MODEL, Landscape, drive
-
-
-def fast_tuner(budget: int | None, **autotuning: object) -> Tuner:
-    raw = {"autotuning": {"tuner_type": "gridsearch", "num_remeasure": 0, **autotuning}}
-    return Tuner(load_config(raw, 2), MODEL, device_memory_bytes=budget)
-
-
-def true_largest_fit(landscape: Landscape, stage: int, cap: int = 1024) -> int:
-    def config(size: int) -> dict[str, object]:
-        return {
-            "zero_optimization": {"stage": stage},
-            "train_micro_batch_size_per_gpu": size,
-            "gradient_accumulation_steps": 1,
-        }
-
-    return max(
-        s for s in range(1, cap + 1) if landscape.peak_bytes(config(s)) <= landscape.budget_bytes
-    )
+from tests.tuner.landscape import MODEL, Landscape, drive, true_largest_fit
+from tests.tuner.tuners import fast_tuner
 
 
 def test_fast_stops_after_stages_and_micro_batches() -> None:

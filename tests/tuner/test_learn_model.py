@@ -12,8 +12,8 @@ from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Candidate, Tuner
-from tests.tuner.conftest import small_config
 from tests.tuner.landscape import MODEL, Landscape, run_until_killed
+from tests.tuner.tuners import small_config
 
 BUDGET = 1 << 30
 # The estimate says stage 0's model states (0.92 GiB) exceed the 0.90 GiB usable of 1 GiB.

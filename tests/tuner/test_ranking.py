@@ -47,8 +47,8 @@ def test_within_noise_when_ranges_overlap() -> None:
 
 
 def test_the_tuner_minimises_latency() -> None:
-    from tests.tuner.conftest import small_tuner
     from tests.tuner.landscape import Landscape, drive
+    from tests.tuner.tuners import small_tuner
 
     landscape = Landscape()
     tuner = small_tuner("gridsearch", metric="latency", num_remeasure=0)

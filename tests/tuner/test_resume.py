@@ -9,8 +9,8 @@ import pytest
 
 from autotune.experiment import ExperimentResult
 from autotune.tuner import Candidate, Tuner
-from tests.tuner.conftest import small_tuner
 from tests.tuner.landscape import FakeClock, Landscape, drive
+from tests.tuner.tuners import small_tuner
 
 
 def run_some(tuner: Tuner, landscape: Landscape, count: int) -> list[ExperimentResult]:

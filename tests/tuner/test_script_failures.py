@@ -10,8 +10,8 @@ import pytest
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner import Candidate, Phase
 from autotune.tuner.tuner import RAN_OUT_OF_DATA, SAME_FAILURE_LIMIT
-from tests.tuner.landscape import Landscape, drive
-from tests.tuner.test_flow import fast_tuner, true_largest_fit
+from tests.tuner.landscape import Landscape, drive, true_largest_fit
+from tests.tuner.tuners import fast_tuner
 
 # The script's loader has too few batches for the profile window at micro-batch 20 and up.
 DATA_LIMIT = 20

@@ -1,0 +1,37 @@
+"""Experiment records the results tests share: a fingerprint, specs and results."""
+
+from __future__ import annotations
+
+from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
+
+FINGERPRINT = {"tuned": {"workload": "gpt", "world_size": 2}, "versions": {"autotune": "0"}}
+
+
+def make_spec(name: str, stage: int = 1, micro: int = 4) -> ExperimentSpec:
+    return ExperimentSpec(
+        name=name,
+        ds_config={
+            "train_batch_size": micro * 2,
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": 5 * 10**8},
+        },
+    )
+
+
+def make_result(
+    name: str, status: Status = Status.ok, throughput: float = 10.0
+) -> ExperimentResult:
+    metrics = None
+    if status is Status.ok:
+        latency = 8 / throughput
+        metrics = Metrics.from_window([latency] * 3, 8, 1e9, peak_memory_bytes=2**30)
+    return ExperimentResult(
+        name=name,
+        status=status,
+        metrics=metrics,
+        error=None if status is Status.ok else "RuntimeError: boom",
+        started_at="2026-11-22T00:00:00+00:00",
+        timings=Timings(startup_s=1.0, warmup_s=2.0, window_s=3.0, total_s=6.5),
+        node_ids=("node-a", "node-a"),
+    )

@@ -1,0 +1,69 @@
+"""Experiment specs the runner tests share: a tiny gpt (or a faulty one) on two ranks, and
+stand-ins whose ranks only sleep (``stand_in_rank`` runs in the rank actors, so it lives in a
+module they can import)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.experiment import ExperimentSpec, Metrics, Status
+from autotune.runner.rank import RankOutcome
+from tests.runner.faulty_workloads import TINY_GPT
+
+FAULTY = "tests.runner.faulty_workloads:faulty"
+
+
+def spec(
+    name: str, workload: str = "gpt", args: dict[str, Any] | None = None, **kw: Any
+) -> ExperimentSpec:
+    ds_config = kw.pop(
+        "ds_config",
+        {
+            "train_batch_size": 8,
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 2},
+        },
+    )
+    return ExperimentSpec(
+        name=name,
+        ds_config=ds_config,
+        workload=workload,
+        workload_args=TINY_GPT if args is None else args,
+        world_size=2,
+        start_profile_step=2,
+        end_profile_step=4,
+        timeout_s=kw.pop("timeout_s", 120.0),
+        **kw,
+    )
+
+
+def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
+    """Sleeps ``sleep_s`` and reports success; writes its pid to ``pid_dir`` if given."""
+    args = spec.workload_args
+    if "pid_dir" in args:
+        (Path(args["pid_dir"]) / f"{spec.name}-{rank}").write_text(str(os.getpid()))
+    started = time.perf_counter()
+    time.sleep(float(args.get("sleep_s", 0.0)))
+    window_s = time.perf_counter() - started
+    metrics = Metrics.from_window([window_s], 1, 1.0, 0).to_dict()
+    return RankOutcome(rank=rank, status=Status.ok, metrics=metrics, window_s=window_s)
+
+
+def stand_in(
+    name: str, world_size: int = 1, timeout_s: float = 60, **args: object
+) -> ExperimentSpec:
+    return ExperimentSpec(
+        name=name,
+        ds_config={},
+        workload="stand-in",
+        workload_args=args,
+        world_size=world_size,
+        start_profile_step=1,
+        end_profile_step=1,
+        timeout_s=timeout_s,
+    )
