@@ -8,6 +8,7 @@ its measurements; ties go to the lower peak memory.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -109,3 +110,51 @@ def within_noise(first: Ranked, second: Ranked) -> bool:
         True
     """
     return min(first.values) <= max(second.values) and min(second.values) <= max(first.values)
+
+
+def relative_noise(ranked: Iterable[Ranked]) -> float | None:
+    """The run-to-run noise of one measurement, relative: the pooled standard deviation of the
+    log of each configuration's measurements (configurations measured at least twice).
+
+    Pooling borrows strength across configurations: two or three repeats each say little
+    alone, a dozen configurations' repeats together say how noisy this machine is. None when
+    nothing was measured twice.
+
+    Example:
+        >>> round(relative_noise([Ranked("a", 10, (9, 10, 11), 0), Ranked("b", 5, (5,), 0)]), 3)
+        0.1
+    """
+    squares, degrees = 0.0, 0
+    for r in ranked:
+        values = [math.log(v) for v in r.values if v > 0]
+        if len(values) < 2:
+            continue
+        mean = statistics.fmean(values)
+        squares += sum((v - mean) ** 2 for v in values)
+        degrees += len(values) - 1
+    return math.sqrt(squares / degrees) if degrees else None
+
+
+def could_be_better(
+    leader: Ranked, other: Ranked, noise: float, *, confidence_z: float, tolerance: float
+) -> bool:
+    """Whether ``other`` may still be better than ``leader`` by more than ``tolerance``.
+
+    Compares the medians' gap (relative) with the uncertainty of the gap: a median of n
+    measurements with relative noise s wanders by about 1.25 s / sqrt(n). ``other`` is out
+    of the race once the gap exceeds ``confidence_z`` such uncertainties, or once the
+    uncertainty itself is below ``tolerance`` (more repeats could only tell apart
+    configurations within ``tolerance`` of each other, which is as good as a tie).
+
+    Example:
+        >>> lead, close = Ranked("a", 100, (95, 100, 105), 0), Ranked("b", 97, (92, 97, 99), 0)
+        >>> far = Ranked("c", 60, (58, 60, 62), 0)
+        >>> kwargs = dict(confidence_z=1.64, tolerance=0.01)
+        >>> could_be_better(lead, close, 0.05, **kwargs), could_be_better(lead, far, 0.05, **kwargs)
+        (True, False)
+    """
+    if leader.value <= 0 or other.value <= 0:
+        return False
+    gap = abs(math.log(leader.value) - math.log(other.value))
+    spread = 1.25 * noise * math.sqrt(1 / leader.num_measurements + 1 / other.num_measurements)
+    return spread > tolerance and gap < confidence_z * spread

@@ -58,7 +58,14 @@ from autotune.config import Config, ConfigError, Metric, TunerType
 from autotune.config.knobs import MICRO_BATCH_KEY, STAGE_KEY
 from autotune.experiment import ExperimentResult, Status, wall_time_s
 from autotune.tuner.naming import repeat_name, split_repeat
-from autotune.tuner.ranking import Ranked, rank, score, within_noise
+from autotune.tuner.ranking import (
+    Ranked,
+    could_be_better,
+    rank,
+    relative_noise,
+    score,
+    within_noise,
+)
 from autotune.tuner.samplers import DEFER_BEHIND, Point, Sampler, Subspace, make_sampler
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
 from autotune.tuner.summary import TuningSummary
@@ -80,6 +87,20 @@ class Phase(str, enum.Enum):
 _PHASES = list(Phase)
 # Re-measured configurations in all, as a multiple of num_remeasure (see _extend_remeasure).
 MAX_REMEASURE_FACTOR = 2
+# The race among the re-measured (see Tuner._race): rounds beyond the fixed repeats, how sure
+# a drop-out must be (one-sided z), and the gap below which configurations count as tied.
+MAX_RACE_ROUNDS = 4
+RACE_CONFIDENCE_Z = 1.64
+RACE_TOLERANCE = 0.02
+
+
+def max_remeasurements(num_remeasure: int, num_repeats: int) -> int:
+    """The most re-measurements one run makes: up to ``MAX_REMEASURE_FACTOR`` times
+    ``num_remeasure`` configurations, each repeated ``num_repeats`` times plus the race's
+    rounds."""
+    return MAX_REMEASURE_FACTOR * num_remeasure * (num_repeats + MAX_RACE_ROUNDS)
+
+
 # Knob points model_based tries on its favourite variant before searching the others.
 FAVOURITE_KNOBS = 8
 # The error a script's run ends with when it finished before the profile window did: the
@@ -571,12 +592,13 @@ class Tuner:
         ]
 
     def _extend_remeasure(self) -> bool:
-        """Re-measure configurations that now outrank the re-measured ones; True if any.
+        """Queue more re-measurements once a round is done; True if any.
 
         Repeats pull lucky first measurements down to their median, so a configuration
         measured once can overtake them; it earns repeats too, up to twice
         ``num_remeasure`` configurations in all, so the declared best is one that was
-        repeated and no single lucky measurement stands above it unchecked.
+        repeated and no single lucky measurement stands above it unchecked. Then the race
+        (:meth:`_race`).
         """
         limit = self._tuning.num_remeasure
         repeated = {split_repeat(n)[0] for n in self._repeats}
@@ -590,7 +612,36 @@ class Tuner:
             for index in range(1, self._num_repeats + 1)
             for name in newcomers
         ]
-        return bool(newcomers)
+        return bool(newcomers) or self._race([r for r in ranking if r.name in repeated])
+
+    def _race(self, contenders: list[Ranked]) -> bool:
+        """One more round for the leader and every re-measured configuration that could still
+        beat it by more than the noise allows (:func:`could_be_better`); True if queued.
+
+        Two or three repeats tell apart configurations a noise-width apart, not ones a few
+        percent apart on a machine whose runs vary by 10%: those race on, up to
+        :data:`MAX_RACE_ROUNDS` more measurements each, while the ones clearly behind drop out.
+        """
+        noise = relative_noise(contenders)
+        if noise is None or len(contenders) < 2:
+            return False
+        leader, *others = contenders
+        rivals = [
+            r
+            for r in others
+            if could_be_better(
+                leader, r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
+            )
+        ]
+        queued = {
+            n: sum(1 for q in self._repeats if split_repeat(q)[0] == n)
+            for n in (r.name for r in (leader, *rivals))
+        }
+        racing = [n for n, count in queued.items() if count < self._num_repeats + MAX_RACE_ROUNDS]
+        if leader.name not in racing or len(racing) < 2:
+            return False
+        self._repeats += [repeat_name(n, queued[n] + 1) for n in racing]
+        return True
 
     def _finish(self, reason: str) -> None:
         self._phase, self._sampler, self._stop_reason = Phase.done, None, reason

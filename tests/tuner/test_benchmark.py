@@ -6,7 +6,8 @@ about two experiments more per variant than stopping at the estimate did, and mo
 spends 8 experiments on the knobs of the variant its prior favours before searching the
 others (which halves the experiments to a near-best configuration on the measured
 gpt_vocab landscape, see the README); here every variant is within a few per cent of the
-others and the favourite is not the best, so those 8 buy nothing."""
+others and the favourite is not the best, so those 8 buy nothing. The race among the
+re-measured comes on top: its length follows the noise (3% here), not the search."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import statistics
 
 from autotune.config import load_config
 from autotune.tuner import Tuner
-from autotune.tuner.tuner import MAX_REMEASURE_FACTOR
+from autotune.tuner.tuner import MAX_RACE_ROUNDS, MAX_REMEASURE_FACTOR
 from tests.tuner.landscape import MODEL, Landscape, drive
 
 SEEDS = range(10)
@@ -43,7 +44,8 @@ def test_model_based_reaches_97_percent_of_the_grid_optimum_in_two_fifths_of_its
     truth = Landscape()  # noise-free: how good a configuration really is
     grid = drive(tuner("gridsearch", 0, 10_000, 0, patience=10_000), Landscape(noise=0.03))
     optimum = max(truth.throughput(c.ds_config) for c in grid if truth.run(c).ok)
-    allowed = len(grid) * 2 // 5  # every experiment counts, re-measurements included
+    allowed = len(grid) * 2 // 5  # every experiment counts, the fixed re-measurements included
+    race = MAX_REMEASURE_FACTOR * NUM_REMEASURE * MAX_RACE_ROUNDS  # the most the race adds
 
     ratios, used = [], []
     for seed in SEEDS:
@@ -55,5 +57,5 @@ def test_model_based_reaches_97_percent_of_the_grid_optimum_in_two_fifths_of_its
         ratios.append(truth.throughput(best) / optimum)
 
     print(f"grid {len(grid)} experiments; model_based ratios {sorted(ratios)}, used {used}")
-    assert max(used) <= allowed
+    assert max(used) <= allowed + race
     assert statistics.median(ratios) >= 0.97
