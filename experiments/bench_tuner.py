@@ -40,8 +40,9 @@ from autotune.config import Metric, load_config
 from autotune.config.sizes import parse_size
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult
-from autotune.runner.table import Replay, TableRunner, replay
+from autotune.runner.table import Replay, replay
 from autotune.tuner import Candidate, Ranked, rank, repeat_name, split_repeat
+from autotune.tuner.ranking import relative_noise
 from autotune.tuning import Runner, TuningEvent, TuningJob, experiment_spec, tune
 
 TARGET = 0.97
@@ -246,15 +247,27 @@ def replay_landscape(table: Mapping[str, Any], seeds: Iterable[int]) -> dict[str
 
 
 def landscape_shape(table: Mapping[str, Any]) -> dict[str, Any]:
-    """The table's size, best and median configuration."""
-    runner = TableRunner(table)
-    medians = [v for name in table["configs"] if (v := runner.value(name)) is not None]
-    best = max(medians)
+    """The table's size, best and median configuration, and how finely it resolves them.
+
+    ``noise``: one measurement's relative spread (pooled over the table's repeats);
+    ``best_uncertainty``: how far the best configuration's median may be off by the same
+    noise (about 1.25 noise / sqrt(repeats)). Where that exceeds 2%, which configuration is
+    within 2% of the best is itself a guess, and so is "ends within 2%".
+    """
+    measured = [
+        Ranked(name, statistics.median(entry["throughput"]), tuple(entry["throughput"]), 0)
+        for name, entry in table["configs"].items()
+        if entry["status"] == "ok" and entry["throughput"]
+    ]
+    best = max(measured, key=lambda r: r.value)
+    noise = relative_noise(measured) or 0.0
     return {
         "configs": len(table["configs"]),
-        "ok": len(medians),
-        "best": best,
-        "best_over_median": best / statistics.median(medians),
+        "ok": len(measured),
+        "best": best.value,
+        "best_over_median": best.value / statistics.median(r.value for r in measured),
+        "noise": noise,
+        "best_uncertainty": 1.25 * noise / math.sqrt(best.num_measurements),
     }
 
 
@@ -270,7 +283,8 @@ def print_replay(results: Mapping[str, Mapping[str, Any]]) -> None:
         shape = result["shape"]
         print(
             f"{name} ({shape['ok']} ok configs, best {shape['best']:.1f}, "
-            f"best/median {shape['best_over_median']:.2f})"
+            f"best/median {shape['best_over_median']:.2f}, one measurement ±{shape['noise']:.0%}, "
+            f"best's median ±{shape['best_uncertainty']:.0%})"
         )
         for tuner, row in result["tuners"].items():
             print(
@@ -290,12 +304,20 @@ def markdown_replay(results: Mapping[str, Mapping[str, Any]]) -> str:
         median, p90 = row["to_within_2pct_median"], row["to_within_2pct_p90"]
         return f"{cell(median)} / {cell(p90)}"
 
-    head = "| landscape (best/median) | tuner | to 2%: median / p90 | ends ≤ 2% | final |"
+    head = (
+        "| landscape (best/median, noise, best's median ±) | tuner | to 2%: median / p90 "
+        "| ends ≤ 2% | final |"
+    )
     lines = [head, "|---|---|---|---|---|"]
     for name, result in results.items():
         shape = result["shape"]
         for tuner, row in result["tuners"].items():
-            label = f"{name} ({shape['best_over_median']:.2f})" if tuner == TUNERS[0] else ""
+            label = (
+                f"{name} ({shape['best_over_median']:.2f}, ±{shape['noise']:.0%}, "
+                f"±{shape['best_uncertainty']:.0%})"
+                if tuner == TUNERS[0]
+                else ""
+            )
             lines.append(
                 f"| {label} | {tuner} | {reach(row)} | {row['ends_within_2pct']:.0%} | "
                 f"{row['final_value_median']:.1%} |"
