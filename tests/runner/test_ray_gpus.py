@@ -54,7 +54,7 @@ def fake_gpu_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a gang was started despite the GPU check")
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(ray_runner, "_connect", lambda *args: False)
+    monkeypatch.setattr(ray_runner, "connect_ray", lambda *args: False)
     monkeypatch.setattr(ray, "cluster_resources", lambda: dict(TWO_GPUS))
     monkeypatch.setattr(ray_runner, "_Gang", no_gang)
 
