@@ -99,8 +99,8 @@ REPLAY_SEEDS = range(12)
 def test_every_tuner_ends_far_above_the_median_configuration(path: Path) -> None:
     # Each landscape's median configuration is worth at most 0.6 of its best; a tuner that
     # searched the wrong stage, kept a too-small micro-batch or declared a lucky measurement
-    # best ends near the median. Which of the top few is best is within the tables' own noise (see the
-    # README), so this asks for the top region, not the top one.
+    # best ends near the median. Which of the top few is best is within the tables' own noise
+    # (see the README), so this asks for the top region, not the top one.
     table = json.loads(path.read_text())
     for tuner_type in ("gridsearch", "random", "model_based"):
         finals = [replay(table, tuner_type, s) for s in REPLAY_SEEDS]
