@@ -147,8 +147,7 @@ def run(
     """
     from rich.console import Console
 
-    from autotune.config import load_config, parse_size, read_json
-    from autotune.config.loader import set_key
+    from autotune.config import load_config, parse_size, read_json, set_key
     from autotune.display import Progress, print_report
     from autotune.results import ResultsDirError, ResultsLockedError
     from autotune.script import ScriptError, ScriptTarget

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config.keys import get_key
+
 # Flags DeepSpeed scripts take their config file from (``deepspeed.add_config_arguments``
 # adds ``--deepspeed_config``; HF Trainer scripts take ``--deepspeed PATH``).
 CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
@@ -150,12 +152,7 @@ def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
 def config_value(ds_config: Mapping[str, Any], key: str) -> Any:
     """``key`` of ``ds_config``: a dotted path, a top-level key, or (as DeepSpeed looks
     mapped keys up) the first nested key of that name."""
-    node: Any = ds_config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            node = None
-            break
-        node = node[part]
+    node = get_key(ds_config, key)
     if node is not None or "." in key:
         return node
     for value in ds_config.values():

@@ -6,17 +6,18 @@ Importable without torch.distributed or Ray.
 from autotune.config.errors import ConfigError
 from autotune.config.knobs import KNOBS, SEARCHABLE_KEYS, Knob
 from autotune.config.loader import (
+    Config,
     ConfigWarning,
     load_config,
-    overlay,
     read_json,
     resolve_batch_triad,
 )
+from autotune.config.overrides import overlay, set_key
 from autotune.config.schema import (
     AMPConfig,
     AutotuningConfig,
     BF16Config,
-    Config,
+    DeepSpeedConfig,
     FlopsProfilerConfig,
     FP16Config,
     Metric,
@@ -39,6 +40,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConfigWarning",
+    "DeepSpeedConfig",
     "FP16Config",
     "FlopsProfilerConfig",
     "Knob",
@@ -56,4 +58,5 @@ __all__ = [
     "parse_size",
     "read_json",
     "resolve_batch_triad",
+    "set_key",
 ]

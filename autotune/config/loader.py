@@ -1,4 +1,5 @@
-"""Reading a config: JSON parsing, search lists, validation, cross-field rules, the batch triad.
+"""Reading a config: JSON parsing, search lists, validation, cross-field rules, the batch triad,
+and the :class:`Config` all that makes.
 
 Every problem becomes a :class:`ConfigError` naming the key path and the rule broken.
 """
@@ -8,20 +9,28 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import types
 import typing
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from autotune.config.errors import ConfigError
+from autotune.config.keys import get_field, nested, parent_of
 from autotune.config.knobs import ALL_STAGES, KNOB_BY_KEY, SEARCHABLE_KEYS, STAGE_KEY
-from autotune.config.schema import AUTO, Config, OffloadDevice
-
-TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+from autotune.config.overrides import overridden, with_search_lists
+from autotune.config.schema import (
+    AUTO,
+    TRIAD,
+    DeepSpeedConfig,
+    OffloadDevice,
+    known_keys,
+    model_field,
+    spellings,
+    submodel,
+)
 
 
 def load_config(source: str | Path | Mapping[str, Any] | Config, world_size: int = 1) -> Config:
@@ -48,7 +57,7 @@ def load_config(source: str | Path | Mapping[str, Any] | Config, world_size: int
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError("world_size", f"must be a positive integer, got {world_size!r}")
     if isinstance(source, Config):
-        source = source.spec()
+        source = source.spec
     if isinstance(source, str | Path):
         path = str(source)
         raw = read_json(path)
@@ -138,14 +147,100 @@ def _load(raw: dict[str, Any], world_size: int) -> Config:
     spec = copy.deepcopy(raw)
     foreign = _split_foreign(raw)
     search_space = _extract_search_space(raw)
-    config = validate_section(Config, raw, "")
-    _check_rules(config, search_space)
-    given = [None if k in search_space else _not_auto(getattr(config, k)) for k in TRIAD]
+    sections = validate_section(DeepSpeedConfig, raw, "")
+    _check_rules(sections, search_space)
+    given = [None if k in search_space else _not_auto(getattr(sections, k)) for k in TRIAD]
     resolved = resolve_batch_triad(given[0], given[1], given[2], world_size=world_size)
-    updates = {k: v for k, v in zip(TRIAD, resolved, strict=True) if v is not None}
-    config = config.model_copy(update=updates)
-    config._attach(spec=spec, search_space=search_space, world_size=world_size, foreign=foreign)
-    return config
+    triad = {k: v for k, v in zip(TRIAD, resolved, strict=True) if v is not None}
+    # Everything is validated by now; constructing keeps which keys the user set, which
+    # to_dict() writes back.
+    return Config.model_construct(
+        sections.model_fields_set | triad.keys(),
+        **{**dict(sections), **triad},
+        spec=spec,
+        search_space=search_space,
+        world_size=world_size,
+        foreign_keys=foreign,
+    )
+
+
+class Config(DeepSpeedConfig):
+    """A validated DeepSpeed config, as :func:`load_config` makes it.
+
+    Beside the sections it holds how it was loaded (what the user wrote, the search lists, the
+    world size the batch triad was resolved for), so :meth:`with_overrides` loads the user's
+    own config again with a candidate's values. These are required fields, and a Config made by
+    hand must be what they load to, so none exists that would lose what the user wrote; they
+    are not config keys (``to_dict()`` leaves them out). Treat them as read-only.
+    """
+
+    spec: dict[str, Any] = Field(
+        exclude=True,
+        description="The config as the user wrote it, before the batch triad was filled in.",
+    )
+    search_space: dict[str, tuple[Any, ...]] = Field(
+        exclude=True,
+        description='Keys holding several values to try: {"zero_optimization.stage": (1, 2)}.',
+    )
+    world_size: int = Field(
+        exclude=True, ge=1, description="The data-parallel ranks the batch triad is resolved for."
+    )
+    foreign_keys: dict[str, Any] = Field(
+        exclude=True,
+        description="Unknown top-level keys, kept as written (DeepSpeed ignores them, so does "
+        "the engine).",
+    )
+
+    @model_validator(mode="after")
+    def _is_what_its_spec_loads_to(self) -> Config:
+        # load_config constructs without validating again, so this runs only for a Config made
+        # by hand: one whose sections differ from its spec would change under with_overrides.
+        if load_config(self.spec, self.world_size) != self:
+            raise ValueError(
+                "the sections differ from what spec loads to; make a Config with load_config"
+            )
+        return self
+
+    @property
+    def is_concrete(self) -> bool:
+        """True when nothing is left to search and the batch triad is fully resolved."""
+        triad = (getattr(self, key) for key in TRIAD)
+        return not self.search_space and all(isinstance(v, int) for v in triad)
+
+    def to_dict(self, full: bool = False) -> dict[str, Any]:
+        """The config as JSON-ready data; ``load_config(cfg.to_dict()) == cfg``.
+
+        Args:
+            full: include every default, not only what was set (and the resolved triad).
+        """
+        data = self.model_dump(mode="json", exclude_unset=not full, exclude_none=full)
+        data.update(copy.deepcopy(self.foreign_keys))
+        return with_search_lists(data, self.search_space)
+
+    def to_json(self, full: bool = False, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(full=full), indent=indent)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
+        """The user's config loaded again with dotted keys replaced, everything else kept.
+
+        Overriding the micro-batch keeps a ``train_batch_size`` the user fixed (accumulation is
+        derived again) and otherwise keeps the user's accumulation (the global batch follows).
+
+        Raises:
+            ConfigError: if the result breaks a rule.
+        """
+        return load_config(overridden(self.spec, overrides), world_size=self.world_size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Config):
+            return NotImplemented
+        return (
+            self.model_dump() == other.model_dump()
+            and self.search_space == other.search_space
+            and self.world_size == other.world_size
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class ConfigWarning(UserWarning):
@@ -164,7 +259,7 @@ def _split_foreign(raw: dict[str, Any]) -> dict[str, Any]:
     kept, not refused. A near-miss of a section name is refused instead: DeepSpeed would
     silently train without that section (``zero_optimisation`` means stage 0).
     """
-    known = _known_keys(Config, [])
+    known = known_keys(DeepSpeedConfig)
     foreign: dict[str, Any] = {}
     for key in [k for k in raw if k not in known]:
         section = _near_section(key)
@@ -195,8 +290,8 @@ def _near_section(key: str) -> str | None:
     """The section name (a key holding an object) that ``key`` is a misspelling of."""
     sections = [
         name
-        for name in _known_keys(Config, [])
-        if _is_section(Config.model_fields.get(name) or _field(Config, name))
+        for name in known_keys(DeepSpeedConfig)
+        if _is_section(model_field(DeepSpeedConfig, name))
     ]
 
     def squash(name: str) -> str:
@@ -213,7 +308,7 @@ def _is_section(field: Any) -> bool:
     if field is None:
         return False
     annotation = field.annotation
-    if _submodel(annotation) is not None:
+    if submodel(annotation) is not None:
         return True
     return any(
         arg is dict or typing.get_origin(arg) is dict
@@ -242,7 +337,7 @@ def _config_error(err: ValidationError, model: type[BaseModel], prefix: str) -> 
     for key in keys:
         path = f"{path}[{key}]" if isinstance(key, int) else _join(path, key)
     if detail["type"] == "extra_forbidden":
-        known = _known_keys(model, [k for k in keys[:-1] if isinstance(k, str)])
+        known = known_keys(model, ".".join(k for k in keys[:-1] if isinstance(k, str)))
         hint = difflib.get_close_matches(str(keys[-1]), known, n=1, cutoff=0.6)
         rule = "unknown key" + (f"; did you mean {hint[0]!r}?" if hint else "")
         return ConfigError(path, rule)
@@ -266,58 +361,6 @@ def _config_error(err: ValidationError, model: type[BaseModel], prefix: str) -> 
 _TYPE_TAGS = {"int", "float", "str", "bool", "list", "tuple", "dict", "none", "enum"}
 
 
-def _known_keys(model: type[BaseModel], path: list[str]) -> list[str]:
-    """Field names and aliases accepted at ``path`` below ``model``."""
-    current: type[BaseModel] | None = model
-    for key in path:
-        if current is None:
-            return []
-        field = _field(current, key)
-        current = _submodel(field.annotation) if field is not None else None
-    if current is None:
-        return []
-    names: list[str] = []
-    for name, field in current.model_fields.items():
-        names.append(name)
-        if isinstance(field.validation_alias, AliasChoices):
-            names.extend(str(a) for a in field.validation_alias.choices)
-    return names
-
-
-def _field(model: type[BaseModel], key: str) -> Any:
-    for name, field in model.model_fields.items():
-        aliases = field.validation_alias
-        if key == name or (isinstance(aliases, AliasChoices) and key in aliases.choices):
-            return field
-    return None
-
-
-def _submodel(annotation: Any) -> type[BaseModel] | None:
-    """The BaseModel inside ``X``, ``X | None`` or ``Annotated[X, ...]``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType, typing.Annotated):
-        for arg in typing.get_args(annotation):
-            found = _submodel(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def _aliases(model: type[BaseModel], dotted: str) -> tuple[str, ...]:
-    """All spellings of the last key of ``dotted`` (itself first)."""
-    *parents, last = dotted.split(".")
-    current: type[BaseModel] | None = model
-    for key in parents:
-        field = _field(current, key) if current is not None else None
-        current = _submodel(field.annotation) if field is not None else None
-    field = _field(current, last) if current is not None else None
-    if field is not None and isinstance(field.validation_alias, AliasChoices):
-        return tuple(str(a) for a in field.validation_alias.choices)
-    return (last,)
-
-
 # --- search lists ------------------------------------------------------------------------------
 
 
@@ -325,9 +368,11 @@ def _extract_search_space(raw: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
     """Pop lists at searchable keys out of ``raw``; return them validated, without repeats."""
     space: dict[str, tuple[Any, ...]] = {}
     for dotted in SEARCHABLE_KEYS:
-        parent, key = _parent(raw, dotted)
-        if parent is None or key not in parent:
+        parent, _ = parent_of(raw, dotted)
+        spelled = [key for key in spellings(dotted) if parent is not None and key in parent]
+        if len(spelled) != 1:  # unset, or set twice: validation names the clash
             continue
+        key = spelled[0]
         values = parent[key]
         if dotted == STAGE_KEY and values == "all":
             values = list(ALL_STAGES)
@@ -354,68 +399,15 @@ def _extract_search_space(raw: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
     return space
 
 
-def _parent(raw: dict[str, Any], dotted: str) -> tuple[dict[str, Any] | None, str]:
-    *parents, key = dotted.split(".")
-    node: Any = raw
-    for name in parents:
-        node = node.get(name) if isinstance(node, dict) else None
-    return (node if isinstance(node, dict) else None), key
-
-
 def _validate_value(dotted: str, value: Any) -> Any:
     """One value of a search list, validated as that key would be, returned normalised."""
-    nested: dict[str, Any] = {}
-    node = nested
-    *parents, key = dotted.split(".")
-    for name in parents:
-        node = node.setdefault(name, {})
-    node[key] = value
-    validated: Any = validate_section(Config, nested, "")
-    for name in dotted.split("."):
-        validated = getattr(validated, name)
-    return validated
-
-
-def overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``top`` laid over ``base``: sections merge key by key, ``top`` winning.
-
-    The batch triad is one setting: when ``top`` sets any of it, ``base``'s are dropped, so
-    the two never combine into three sizes that disagree.
-
-    Example:
-        >>> overlay({"fp16": {"enabled": True}, "zero_optimization": {"stage": 0, "x": 1}},
-        ...         {"zero_optimization": {"stage": 2}})
-        {'fp16': {'enabled': True}, 'zero_optimization': {'stage': 2, 'x': 1}}
-    """
-    drop = TRIAD if any(key in top for key in TRIAD) else ()
-    merged = {key: value for key, value in base.items() if key not in drop}
-    for key, value in top.items():
-        below = merged.get(key)
-        if isinstance(value, Mapping) and isinstance(below, Mapping):
-            merged[key] = overlay(below, value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def set_key(spec: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``a.b.c`` in a raw config dict, dropping other spellings of the same key."""
-    *parents, key = dotted.split(".")
-    node = spec
-    for name in parents:
-        child = node.get(name)
-        if not isinstance(child, dict):
-            child = node[name] = {}
-        node = child
-    for alias in _aliases(Config, dotted):
-        node.pop(alias, None)
-    node[key] = value
+    return get_field(validate_section(DeepSpeedConfig, nested(dotted, value), ""), dotted)
 
 
 # --- rules across fields -----------------------------------------------------------------------
 
 
-def _check_rules(config: Config, search_space: Mapping[str, tuple[Any, ...]]) -> None:
+def _check_rules(config: DeepSpeedConfig, search_space: Mapping[str, tuple[Any, ...]]) -> None:
     """Rules that involve more than one key. A searched stage is checked per candidate."""
     if config.optimizer is not None:
         params_model = config.optimizer.params_model()

@@ -8,10 +8,10 @@ Defaults follow DeepSpeed's documentation (../shared/reference/004).
 from __future__ import annotations
 
 import builtins
-import copy
 import enum
-import json
-from collections.abc import Mapping
+import functools
+import types
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,12 +20,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     StrictBool,
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
+from autotune.config.keys import MISSING, walk
 from autotune.config.sizes import parse_size
 
 AUTO = "auto"
@@ -498,39 +499,16 @@ class FlopsProfilerConfig(Section):
 
 # --- the whole config --------------------------------------------------------------------------
 
-# Documented sections autotune does not act on: accepted, kept verbatim, never dropped.
-PASSTHROUGH_SECTIONS = (
-    "activation_checkpointing",
-    "aio",
-    "sparse_attention",
-    "data_efficiency",
-    "curriculum_learning",
-    "monitor_config",
-    "tensorboard",
-    "wandb",
-    "csv_monitor",
-    "comet",
-    "elasticity",
-    "comms_logger",
-    "compression_training",
-    "checkpoint",
-    "data_types",
-    "pipeline",
-    "eigenvalue",
-    "progressive_layer_drop",
-    "quantize_training",
-    "weight_quantization",
-    "hybrid_engine",
-    "nebula",
-    "tensor_parallel",
-)
+# The batch triad: any two determine the third (train = micro * accumulation * world size).
+TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-class Config(Section):
-    """A DeepSpeed-style training config, validated.
+class DeepSpeedConfig(Section):
+    """A DeepSpeed-style training config's sections, validated.
 
-    Build it with :func:`autotune.config.load_config`, which also resolves the batch triad
-    and records search lists; see that function for the rules.
+    Users get the :class:`~autotune.config.Config` that :func:`~autotune.config.load_config`
+    makes from it: the same sections with the batch triad resolved and the search lists kept.
+    Documented sections autotune does not act on are plain dicts, kept verbatim.
     """
 
     train_batch_size: PositiveIntOrAuto | None = None
@@ -553,10 +531,13 @@ class Config(Section):
     zero_force_ds_cpu_optimizer: StrictBool = True
     autotuning: AutotuningConfig = Field(default_factory=AutotuningConfig)
     flops_profiler: FlopsProfilerConfig = Field(default_factory=FlopsProfilerConfig)
+    # Logging: the engine answers steps_per_print(); DeepSpeed's timer, memory and state
+    # printouts have no counterpart (the profile window and the memory accounting report).
     wall_clock_breakdown: StrictBool = False
     memory_breakdown: StrictBool = False
     steps_per_print: PositiveInt = 10
     dump_state: StrictBool = False
+    # disable_allgather and fp32_allreduce are accepted without effect (engine/settings.py).
     disable_allgather: StrictBool = False
     fp32_allreduce: StrictBool = False
     dataloader_drop_last: StrictBool = False
@@ -597,104 +578,6 @@ class Config(Section):
             raise ValueError("bf16 and bfloat16 are the same section; keep one")
         return data
 
-    _spec: dict[str, Any] = PrivateAttr(default_factory=dict)
-    _search_space: dict[str, tuple[Any, ...]] = PrivateAttr(default_factory=dict)
-    _world_size: int = PrivateAttr(default=1)
-    _foreign: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    def _attach(
-        self,
-        spec: dict[str, Any],
-        search_space: dict[str, tuple[Any, ...]],
-        world_size: int,
-        foreign: dict[str, Any] | None = None,
-    ) -> None:
-        self._spec, self._search_space, self._world_size = spec, search_space, world_size
-        self._foreign = dict(foreign or {})
-
-    @property
-    def foreign_keys(self) -> dict[str, Any]:
-        """Unknown top-level keys, kept as written (DeepSpeed ignores them, so does the engine)."""
-        return copy.deepcopy(self._foreign)
-
-    @property
-    def world_size(self) -> int:
-        """The number of data-parallel ranks the batch triad was resolved for."""
-        return self._world_size
-
-    @property
-    def search_space(self) -> dict[str, tuple[Any, ...]]:
-        """Keys holding several values to try: ``{"zero_optimization.stage": (1, 2)}``."""
-        return dict(self._search_space)
-
-    @property
-    def is_concrete(self) -> bool:
-        """True when nothing is left to search and the batch triad is fully resolved."""
-        triad = (
-            self.train_batch_size,
-            self.train_micro_batch_size_per_gpu,
-            self.gradient_accumulation_steps,
-        )
-        return not self._search_space and all(isinstance(v, int) for v in triad)
-
-    def spec(self) -> dict[str, Any]:
-        """The config as the user wrote it (before the triad was filled in)."""
-        return copy.deepcopy(self._spec)
-
-    def to_dict(self, full: bool = False) -> dict[str, Any]:
-        """The config as JSON-ready data; ``load_config(cfg.to_dict()) == cfg``.
-
-        Args:
-            full: include every default, not only what was set (and the resolved triad).
-        """
-        from autotune.config.loader import set_key
-
-        data = self.model_dump(mode="json", exclude_unset=not full, exclude_none=full)
-        data.update(copy.deepcopy(self._foreign))
-        for key, values in self._search_space.items():
-            set_key(data, key, list(values))
-        return data
-
-    def to_json(self, full: bool = False, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(full=full), indent=indent)
-
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
-        """A new config with dotted keys replaced, everything else the user set kept.
-
-        Overriding the micro-batch keeps a ``train_batch_size`` the user fixed (accumulation is
-        derived again) and otherwise keeps the user's accumulation (the global batch follows).
-
-        Raises:
-            ConfigError: if the result breaks a rule.
-        """
-        from autotune.config.loader import TRIAD, load_config, set_key
-
-        spec = self.spec()
-        # Two triad members determine the third: keep the overridden ones, then a global batch
-        # the user fixed, then the user's accumulation; the rest is derived again.
-        kept = [k for k in TRIAD if k in overrides]
-        if kept:
-            for anchor in ("train_batch_size", "gradient_accumulation_steps"):
-                if len(kept) < 2 and anchor in spec and anchor not in kept:
-                    kept.append(anchor)
-            for key in TRIAD:
-                if key not in kept:
-                    spec.pop(key, None)
-        for key, value in overrides.items():
-            set_key(spec, key, value)
-        return load_config(spec, world_size=self._world_size)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Config):
-            return NotImplemented
-        return (
-            self.model_dump() == other.model_dump()
-            and self._search_space == other._search_space
-            and self._world_size == other._world_size
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
     @property
     def precision(self) -> Literal["fp32", "fp16", "bf16"]:
         if self.fp16.enabled is True:
@@ -702,3 +585,65 @@ class Config(Section):
         if self.bf16.enabled is True:
             return "bf16"
         return "fp32"
+
+
+# --- looking keys up in the schema -------------------------------------------------------------
+
+
+def model_field(model: type[BaseModel], key: str) -> FieldInfo | None:
+    """The field of ``model`` that ``key`` (its name or an alias) sets."""
+    for name, field in model.model_fields.items():
+        aliases = field.validation_alias
+        if key == name or (isinstance(aliases, AliasChoices) and key in aliases.choices):
+            return field
+    return None
+
+
+def submodel(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel inside ``X``, ``X | None`` or ``Annotated[X, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            found = submodel(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _section_model(model: Any, key: str) -> Any:
+    """The model of section ``key`` below ``model`` (a step of :func:`keys.walk`)."""
+    field = model_field(model, key)
+    found = submodel(field.annotation) if field is not None else None
+    return MISSING if found is None else found
+
+
+@functools.cache  # the schema never changes, and every load asks for the top-level keys
+def known_keys(model: type[BaseModel], path: str = "") -> tuple[str, ...]:
+    """Field names and aliases accepted at dotted ``path`` below ``model``."""
+    section = walk(model, path, _section_model)
+    if section is MISSING:
+        return ()
+    names: list[str] = []
+    for name, field in section.model_fields.items():
+        names.append(name)
+        if isinstance(field.validation_alias, AliasChoices):
+            names.extend(str(a) for a in field.validation_alias.choices)
+    return tuple(names)
+
+
+@functools.cache  # every load asks for every searchable key
+def spellings(dotted: str, model: type[BaseModel] = DeepSpeedConfig) -> tuple[str, ...]:
+    """All spellings of the last key of ``dotted`` (its name first).
+
+    Example:
+        >>> spellings("zero_optimization.stage3_max_live_parameters")
+        ('stage3_max_live_parameters', 'max_live_parameters')
+    """
+    path, _, last = dotted.rpartition(".")
+    section = walk(model, path, _section_model)
+    field = model_field(section, last) if section is not MISSING else None
+    if field is not None and isinstance(field.validation_alias, AliasChoices):
+        return tuple(str(a) for a in field.validation_alias.choices)
+    return (last,)

@@ -22,7 +22,6 @@ from autotune.engine.comm import CollectiveLog, Communicator
 from autotune.engine.engine import ZeroEngine, initialize
 from autotune.engine.launch import add_config_arguments, init_distributed
 from autotune.engine.loss_scaler import DynamicLossScaler, LossScaler, build_loss_scaler
-from autotune.engine.memory import ModelStateBytes, model_state_bytes
 from autotune.engine.optimizers import Lamb, build_optimizer
 from autotune.engine.schedulers import (
     LRRangeTest,
@@ -32,6 +31,7 @@ from autotune.engine.schedulers import (
     WarmupLR,
     build_scheduler,
 )
+from autotune.model_states import ModelStateBytes, model_state_bytes
 
 __all__ = [
     "CollectiveLog",

@@ -232,18 +232,6 @@ def _prefer_fused(kwargs: dict[str, Any], params: Params) -> dict[str, Any]:
     return {**kwargs, "fused": True}
 
 
-def optimizer_state_floats(config: OptimizerConfig | None) -> int:
-    """Floats of optimizer state per parameter (Adam and Lamb 2, SGD with momentum 1)."""
-    if config is None:
-        return 2
-    name = config.type.lower()
-    if name == "sgd":
-        return 1 if config.params.get("momentum", 0) else 0
-    if name in ("adagrad", "rmsprop"):
-        return 1
-    return 2
-
-
 def _construct(
     cls: type[torch.optim.Optimizer], params: Params, kwargs: dict[str, Any], name: str
 ) -> torch.optim.Optimizer:

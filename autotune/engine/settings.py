@@ -9,9 +9,11 @@ identical on every rank), ``offload_optimizer.pin_memory`` on a machine without 
 ``stage3_module_granularity_threshold``, ``stage3_gather_16bit_weights_on_model_save`` (saving
 always consolidates), ``elastic_checkpoint``, ``ignore_unused_parameters`` (unused parameters
 always get zero gradients), ``load_from_fp32_weights``, ``memory_efficient_linear``, and the
-top-level ``communication_data_type``, ``prescale_gradients``, ``gradient_predivide_factor``
-and ``fp32_allreduce`` (gradients are reduced in the compute dtype, averaged through the loss
-scale). ``allgather_bucket_size`` and ``allgather_partitions`` act at stages 1-2; stage 3
+top-level ``communication_data_type``, ``prescale_gradients``, ``gradient_predivide_factor``,
+``fp32_allreduce`` and ``disable_allgather`` (gradients are reduced in the compute dtype,
+averaged through the loss scale), and DeepSpeed's printouts ``wall_clock_breakdown``,
+``memory_breakdown`` and ``dump_state`` (the profile window and the memory accounting
+report). ``allgather_bucket_size`` and ``allgather_partitions`` act at stages 1-2; stage 3
 gathers per module. On gloo every all-gather is a broadcast per rank (gloo's own all-gather is
 the slow one, see comm.py), so ``allgather_partitions`` changes nothing there.
 ``reduce_scatter: false`` all-reduces each bucket (DeepSpeed's fallback). In ``bf16``:
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import Config, ConfigError, OffloadDevice, ZeroConfig
+from autotune.config.keys import get_field
 
 # DeepSpeed's documented defaults, used for "auto" where the model size gives no better answer.
 DEFAULT_BUCKET_NUMEL = 500_000_000
@@ -77,9 +80,7 @@ def check_supported(config: Config) -> None:
         if value:
             raise _unsupported(key, True)
     for key in ("fp16.enabled", "bf16.enabled", "gradient_clipping"):
-        section, name = key.split(".") if "." in key else ("", key)
-        value = getattr(getattr(config, section), name) if section else getattr(config, name)
-        if value == "auto":
+        if get_field(config, key) == "auto":
             raise ConfigError(key, '"auto" must be resolved before training')
     zero = config.zero_optimization
     offload = zero.optimizer_offload_device

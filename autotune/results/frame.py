@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import SEARCHABLE_KEYS
+from autotune.config.keys import get_key
 from autotune.experiment import Timings
 from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError
 from autotune.script import ScriptTarget
@@ -90,7 +91,7 @@ def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any
     }
     for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):
         if "." in key:
-            row[key] = _dig(config, key)
+            row[key] = get_key(config, key)
     return row
 
 
@@ -98,12 +99,3 @@ def _columns(rows: list[dict[str, Any]]) -> list[str]:
     if rows:
         return list(rows[0])
     return list(_row({"name": "", "status": ""}))
-
-
-def _dig(config: dict[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return node

@@ -2,9 +2,10 @@
 
 The estimate decides which ZeRO stages are worth trying, where the micro-batch search starts
 and which variant the model-based tuner searches first. It is deliberately simple — model
-states (the engine's ZeRO formulas), the engine's communication buffers, and activations
-growing linearly with the micro-batch — and keeps a margin for what it leaves out
-(fragmentation, temporaries). Running the experiment confirms it.
+states (ZeRO's formulas in :mod:`autotune.model_states`, which the engine is held to), the
+engine's communication buffers, and activations growing linearly with the micro-batch — and
+keeps a margin for what it leaves out (fragmentation, temporaries). Running the experiment
+confirms it.
 
 The buffers were calibrated on the engine's own peak-memory accounting (the landscape
 ``results/landscapes/gpt_vocab_80mib.json``: 4.4M parameters, fp32, AdamW): with the default
@@ -19,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.engine.memory import model_state_bytes
-from autotune.engine.optimizers import optimizer_state_floats
+from autotune.model_states import model_state_bytes, optimizer_state_floats
 
 if TYPE_CHECKING:
     from autotune.config import Config

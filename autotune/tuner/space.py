@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, OffloadDevice
+from autotune.config.keys import get_field, get_key
 from autotune.config.knobs import (
     ACCUMULATION_KEY,
     ALL_STAGES,
@@ -278,7 +279,7 @@ def micro_batch_sizes(config: Config) -> tuple[tuple[int, ...], bool]:
     listed = config.search_space.get(MICRO_BATCH_KEY)
     if listed:
         return tuple(sorted(listed)), True
-    spec = config.spec()
+    spec = config.spec
     triad = ("train_batch_size", MICRO_BATCH_KEY, ACCUMULATION_KEY)
     given: dict[str, int] = {k: spec[k] for k in triad if isinstance(spec.get(k), int)}
     micro = config.train_micro_batch_size_per_gpu
@@ -322,7 +323,7 @@ def _stages(config: Config) -> tuple[int, ...]:
     listed = config.search_space.get(STAGE_KEY)
     if listed:
         return tuple(sorted(listed))
-    if "stage" in (config.spec().get("zero_optimization") or {}):
+    if get_key(config.spec, STAGE_KEY) is not None:  # the user chose one
         return (config.zero_optimization.stage,)
     return ALL_STAGES
 
@@ -362,8 +363,5 @@ def _current_values(config: Config) -> dict[str, Any]:
     values: dict[str, Any] = {OFFLOAD_KEY: config.zero_optimization.optimizer_offload_device.value}
     for knob in KNOBS:
         if knob.per_stage:
-            node: Any = config
-            for part in knob.key.split("."):
-                node = getattr(node, part)
-            values[knob.key] = node
+            values[knob.key] = get_field(config, knob.key)
     return values

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from autotune.config import KNOBS, ConfigError, ConfigWarning, Knob, load_config, loader
+from autotune.config import KNOBS, ConfigError, ConfigWarning, Knob, load_config, loader, set_key
 from autotune.config.knobs import OFFLOAD_KEY, name_position
-from autotune.config.loader import set_key
 from autotune.tuner.naming import split_repeat
 
 

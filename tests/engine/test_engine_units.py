@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
@@ -190,6 +191,17 @@ def test_unsupported_settings_name_their_key(zero: dict[str, object], key: str) 
             model=_model(), config={"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
         )
     assert "not supported" in str(err.value) or "search" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["fp16.enabled", "bf16.enabled", "gradient_clipping"])
+def test_an_auto_left_for_training_names_its_key(key: str) -> None:
+    from autotune.config import set_key
+    from autotune.engine.settings import check_supported
+
+    spec: dict[str, object] = {"train_micro_batch_size_per_gpu": 1}
+    set_key(spec, key, "auto")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: \"auto\" must be resolved"):
+        check_supported(load_config(spec))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from autotune.config import set_key
 from autotune.config.knobs import ALL_STAGES, KNOBS, Knob
-from autotune.config.loader import set_key
 from tests.engine import engine_cases as cases
 from tests.engine.rank_pool import RankPool
 

@@ -1,0 +1,87 @@
+"""Changing a config as the user wrote it: set a dotted key, lay one config over another,
+put search lists back, apply a candidate's values.
+
+These work on raw dicts (DeepSpeed's JSON shape), before validation; the loader validates what
+they make.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.config.keys import parent_of
+from autotune.config.schema import TRIAD, spellings
+
+
+def set_key(spec: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in a raw config dict, dropping other spellings of the same key.
+
+    Example:
+        >>> spec = {"zero_optimization": {"max_live_parameters": 5}}
+        >>> set_key(spec, "zero_optimization.stage3_max_live_parameters", 7); spec
+        {'zero_optimization': {'stage3_max_live_parameters': 7}}
+    """
+    parent, key = parent_of(spec, dotted, create=True)
+    for alias in spellings(dotted):
+        parent.pop(alias, None)
+    parent[key] = value
+
+
+def with_search_lists(
+    data: dict[str, Any], search_space: Mapping[str, tuple[Any, ...]]
+) -> dict[str, Any]:
+    """``data`` with each searched key holding its list of values again, as the user wrote."""
+    for key, values in search_space.items():
+        set_key(data, key, list(values))
+    return data
+
+
+def overridden(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``spec`` with the dotted keys of ``overrides`` set, everything else kept.
+
+    Two triad members determine the third: the overridden ones are kept, then a global batch
+    the user fixed, then the user's accumulation; the rest is left to be derived again.
+    So a new micro-batch keeps a fixed ``train_batch_size`` (accumulation follows) and
+    otherwise keeps the user's accumulation (the global batch follows).
+
+    Example:
+        >>> overridden({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8},
+        ...            {"train_micro_batch_size_per_gpu": 4})
+        {'train_batch_size': 32, 'train_micro_batch_size_per_gpu': 4}
+    """
+    result = copy.deepcopy(dict(spec))
+    kept = [key for key in TRIAD if key in overrides]
+    if kept:
+        for anchor in ("train_batch_size", "gradient_accumulation_steps"):
+            if len(kept) < 2 and anchor in result and anchor not in kept:
+                kept.append(anchor)
+        for key in TRIAD:
+            if key not in kept:
+                result.pop(key, None)
+    for key, value in overrides.items():
+        set_key(result, key, value)
+    return result
+
+
+def overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` laid over ``base``: sections merge key by key, ``top`` winning.
+
+    The batch triad is one setting: when ``top`` sets any of it, ``base``'s are dropped, so
+    the two never combine into three sizes that disagree.
+
+    Example:
+        >>> overlay({"fp16": {"enabled": True}, "zero_optimization": {"stage": 0, "x": 1}},
+        ...         {"zero_optimization": {"stage": 2}})
+        {'fp16': {'enabled': True}, 'zero_optimization': {'stage': 2, 'x': 1}}
+    """
+    drop = TRIAD if any(key in top for key in TRIAD) else ()
+    merged = {key: value for key, value in base.items() if key not in drop}
+    for key, value in top.items():
+        below = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            merged[key] = overlay(below, value)
+        else:
+            merged[key] = value
+    return merged
