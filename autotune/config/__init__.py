@@ -4,8 +4,8 @@ Importable without torch.distributed or Ray.
 """
 
 from autotune.config.errors import ConfigError
+from autotune.config.knobs import KNOBS, SEARCHABLE_KEYS, Knob
 from autotune.config.loader import (
-    SEARCHABLE_KEYS,
     Config,
     ConfigWarning,
     load_config,
@@ -32,6 +32,7 @@ from autotune.config.schema import (
 from autotune.config.sizes import format_size, parse_size
 
 __all__ = [
+    "KNOBS",
     "SEARCHABLE_KEYS",
     "AMPConfig",
     "AutotuningConfig",
@@ -42,6 +43,7 @@ __all__ = [
     "DeepSpeedConfig",
     "FP16Config",
     "FlopsProfilerConfig",
+    "Knob",
     "Metric",
     "OffloadDevice",
     "OffloadOptimizerConfig",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from autotune.config.errors import ConfigError
 from autotune.config.keys import get_field, nested, parent_of
+from autotune.config.knobs import ALL_STAGES, KNOB_BY_KEY, SEARCHABLE_KEYS, STAGE_KEY
 from autotune.config.overrides import overridden, with_search_lists
 from autotune.config.schema import (
     AUTO,
@@ -30,26 +31,6 @@ from autotune.config.schema import (
     spellings,
     submodel,
 )
-
-# Keys whose value may be a list of values to search (DeepSpeed's autotuner allows the same).
-SEARCHABLE_KEYS = (
-    "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps",
-    "zero_optimization.stage",
-    "zero_optimization.reduce_bucket_size",
-    "zero_optimization.allgather_bucket_size",
-    "zero_optimization.overlap_comm",
-    "zero_optimization.reduce_scatter",
-    "zero_optimization.contiguous_gradients",
-    "zero_optimization.allgather_partitions",
-    "zero_optimization.round_robin_gradients",
-    "zero_optimization.stage3_prefetch_bucket_size",
-    "zero_optimization.stage3_param_persistence_threshold",
-    "zero_optimization.stage3_max_live_parameters",
-    "zero_optimization.stage3_max_reuse_distance",
-    "zero_optimization.sub_group_size",
-)
-ALL_STAGES = (0, 1, 2, 3)
 
 
 def load_config(source: str | Path | Mapping[str, Any] | Config, world_size: int = 1) -> Config:
@@ -263,10 +244,11 @@ class Config(DeepSpeedConfig):
 
 
 class ConfigWarning(UserWarning):
-    """A config key that is kept but not used (an unknown top-level key)."""
+    """A config key that is kept but not used: an unknown top-level key, or a search list at a
+    key the engine ignores."""
 
 
-_warned: set[str] = set()  # foreign keys already warned about in this process
+_warned: set[str] = set()  # keys already warned about in this process
 
 
 def _split_foreign(raw: dict[str, Any]) -> dict[str, Any]:
@@ -288,16 +270,20 @@ def _split_foreign(raw: dict[str, Any]) -> dict[str, Any]:
                 "section and train without it)",
             )
         foreign[key] = raw.pop(key)
-        if key not in _warned:
-            _warned.add(key)
-            hint = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-            warnings.warn(
-                f"config key {key!r} is unknown; kept but not used"
-                + (f" (did you mean {hint[0]!r}?)" if hint else ""),
-                ConfigWarning,
-                stacklevel=4,
-            )
+        hint = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        _warn_once(
+            key,
+            f"config key {key!r} is unknown; kept but not used"
+            + (f" (did you mean {hint[0]!r}?)" if hint else ""),
+        )
     return foreign
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Warn about ``key`` once per process (configs are loaded again for every candidate)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, ConfigWarning, stacklevel=5)  # the caller of load_config
 
 
 def _near_section(key: str) -> str | None:
@@ -388,7 +374,7 @@ def _extract_search_space(raw: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
             continue
         key = spelled[0]
         values = parent[key]
-        if dotted == "zero_optimization.stage" and values == "all":
+        if dotted == STAGE_KEY and values == "all":
             values = list(ALL_STAGES)
         if not isinstance(values, list):
             continue
@@ -402,6 +388,12 @@ def _extract_search_space(raw: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
                 raise ConfigError(f"{dotted}[{index}]", err.rule) from None
             if value not in checked:
                 checked.append(value)
+        if not KNOB_BY_KEY[dotted].stages:
+            _warn_once(
+                dotted,
+                f"{dotted} has no effect on the built-in engine, so its list is not searched "
+                f"(the first value, {checked[0]!r}, is used)",
+            )
         space[dotted] = tuple(checked)
         del parent[key]
     return space

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.config import SEARCHABLE_KEYS
 from autotune.config.keys import get_key
-from autotune.config.loader import SEARCHABLE_KEYS
 from autotune.experiment import Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError

@@ -11,30 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-STAGE_KEY = "zero_optimization.stage"
-MICRO_BATCH_KEY = "train_micro_batch_size_per_gpu"
-ACCUMULATION_KEY = "gradient_accumulation_steps"
-OFFLOAD_KEY = "zero_optimization.offload_optimizer.device"
-
-# Short names for tunable keys; the order is the order they appear in a name.
-ABBREVIATIONS = {
-    STAGE_KEY: "z",
-    OFFLOAD_KEY: "o",
-    MICRO_BATCH_KEY: "mbs",
-    ACCUMULATION_KEY: "gas",
-    "zero_optimization.reduce_bucket_size": "rbs",
-    "zero_optimization.allgather_bucket_size": "agbs",
-    "zero_optimization.overlap_comm": "oc",
-    "zero_optimization.reduce_scatter": "rs",
-    "zero_optimization.contiguous_gradients": "cg",
-    "zero_optimization.allgather_partitions": "agp",
-    "zero_optimization.round_robin_gradients": "rrg",
-    "zero_optimization.stage3_prefetch_bucket_size": "pfb",
-    "zero_optimization.stage3_param_persistence_threshold": "ppt",
-    "zero_optimization.stage3_max_live_parameters": "mlp",
-    "zero_optimization.stage3_max_reuse_distance": "mrd",
-    "zero_optimization.sub_group_size": "sgs",
-}
+from autotune.config.knobs import KNOB_BY_KEY, MICRO_BATCH_KEY, STAGE_KEY, name_position
 
 _REPEAT = re.compile(r"^(?P<base>.+)_r(?P<index>[0-9]+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
@@ -78,8 +55,7 @@ def candidate_name(overrides: Mapping[str, Any], base: Mapping[str, Any]) -> str
     """
     always = (STAGE_KEY, MICRO_BATCH_KEY)
     shown = [k for k, v in overrides.items() if k in always or base.get(k) != v]
-    order = list(ABBREVIATIONS)
-    shown.sort(key=lambda k: (order.index(k) if k in order else len(order), k))
+    shown.sort(key=lambda k: (name_position(k), k))
     parts = [f"{_abbreviation(k)}{format_value(overrides[k])}" for k in shown]
     return "_".join(parts)
 
@@ -108,4 +84,5 @@ def split_repeat(name: str) -> tuple[str, int]:
 
 
 def _abbreviation(key: str) -> str:
-    return ABBREVIATIONS.get(key) or _UNSAFE.sub("-", key.rsplit(".", 1)[-1])
+    knob = KNOB_BY_KEY.get(key)
+    return knob.abbreviation if knob is not None else _UNSAFE.sub("-", key.rsplit(".", 1)[-1])

@@ -12,12 +12,12 @@ Defaults, each replaced by a list the user gives at that key:
   compared. A fixed
   ``train_batch_size`` admits only sizes that divide it (accumulation is derived); otherwise
   ``max_train_batch_size`` bounds the global batch.
-- **knobs** (``fast: false`` only): stage 1 ``reduce_bucket_size`` and
-  ``allgather_bucket_size``; stage 2 adds ``overlap_comm``, ``reduce_scatter`` and
-  ``contiguous_gradients``; stage 3 tunes its own ``stage3_*`` sizes instead. Sizes at or above
-  the model's parameter count all behave alike (one bucket holds everything), so they collapse
-  into one and fractions of the model take their place. Knobs the user lists are searched even
-  with ``fast: true``, at every stage whose engine reads them.
+- **knobs** (``fast: false`` only; the default grids of :data:`autotune.config.knobs.KNOBS`):
+  stage 1 ``reduce_bucket_size`` and ``allgather_bucket_size``; stage 2 adds ``overlap_comm``,
+  ``reduce_scatter`` and ``contiguous_gradients``; stage 3 tunes its own ``stage3_*`` sizes
+  instead. Sizes at or above the model's parameter count all behave alike (one bucket holds
+  everything), so they collapse into one and fractions of the model take their place. Knobs
+  the user lists are searched even with ``fast: true``, at every stage whose engine reads them.
 - **offload**: a stage that cannot fit even at the smallest micro-batch is tried with the
   optimizer offloaded to CPU, if that fits.
 
@@ -32,42 +32,21 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, OffloadDevice
 from autotune.config.keys import get_field, get_key
-from autotune.tuner.memory import DEFAULT_MARGIN_FRACTION, MemoryEstimate, estimate_memory
-from autotune.tuner.naming import (
-    ABBREVIATIONS,
+from autotune.config.knobs import (
     ACCUMULATION_KEY,
+    ALL_STAGES,
+    KNOB_BY_KEY,
+    KNOBS,
     MICRO_BATCH_KEY,
     OFFLOAD_KEY,
     STAGE_KEY,
-    candidate_name,
+    name_position,
 )
+from autotune.tuner.memory import DEFAULT_MARGIN_FRACTION, MemoryEstimate, estimate_memory
+from autotune.tuner.naming import candidate_name
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
-
-ALL_STAGES = (0, 1, 2, 3)
-_Z = "zero_optimization."
-
-# The stages at which this project's engine reads each knob: a knob the user lists is tuned
-# there and left at its first value elsewhere.
-KNOB_STAGES: dict[str, frozenset[int]] = {
-    ACCUMULATION_KEY: frozenset(ALL_STAGES),
-    _Z + "reduce_bucket_size": frozenset(ALL_STAGES),
-    _Z + "overlap_comm": frozenset(ALL_STAGES),
-    _Z + "allgather_bucket_size": frozenset({1, 2}),
-    _Z + "reduce_scatter": frozenset({1, 2, 3}),
-    _Z + "contiguous_gradients": frozenset({2, 3}),
-    _Z + "allgather_partitions": frozenset({1, 2}),
-    _Z + "round_robin_gradients": frozenset({1, 2}),
-    _Z + "stage3_prefetch_bucket_size": frozenset({3}),
-    _Z + "stage3_param_persistence_threshold": frozenset({3}),
-    _Z + "stage3_max_live_parameters": frozenset({3}),
-    _Z + "stage3_max_reuse_distance": frozenset({3}),
-    _Z + "sub_group_size": frozenset({3}),
-}
-
-_BUCKETS = (50_000_000, 500_000_000, 1_000_000_000)  # DeepSpeed's autotuner's bucket sizes
-_SWITCHES = (True, False)
 
 
 def default_knobs(stage: int, num_params: int | None) -> dict[str, tuple[Any, ...]]:
@@ -77,27 +56,13 @@ def default_knobs(stage: int, num_params: int | None) -> dict[str, tuple[Any, ..
         >>> default_knobs(1, num_params=10_000_000)["zero_optimization.reduce_bucket_size"]
         (500000, 2000000, 10000000)
     """
-    buckets = size_grid(num_params, _BUCKETS)
-    if stage == 1:
-        return {_Z + "reduce_bucket_size": buckets, _Z + "allgather_bucket_size": buckets}
-    if stage == 2:
-        return {
-            **default_knobs(1, num_params),
-            _Z + "overlap_comm": _SWITCHES,
-            _Z + "reduce_scatter": _SWITCHES,
-            _Z + "contiguous_gradients": _SWITCHES,
-        }
-    if stage == 3:
-        return {
-            _Z + "stage3_prefetch_bucket_size": size_grid(
-                num_params, (5_000_000, 50_000_000, 500_000_000)
-            ),
-            _Z + "stage3_param_persistence_threshold": (10_000, 100_000, 1_000_000),
-            _Z + "stage3_max_live_parameters": size_grid(
-                num_params, (100_000_000, 500_000_000, 1_000_000_000)
-            ),
-        }
-    return {}
+    return {
+        knob.key: size_grid(num_params, knob.default_grid)
+        if knob.scales_with_model
+        else knob.default_grid
+        for knob in KNOBS
+        if stage in knob.default_stages
+    }
 
 
 def size_grid(num_params: int | None, reference: tuple[int, ...]) -> tuple[int, ...]:
@@ -372,10 +337,10 @@ def _knob_dims(
     for key, values in dims.items():
         dims[key] = _prefer_current(values, current[key], num_params)
     for key, values in config.search_space.items():
-        if stage in KNOB_STAGES.get(key, ()):
+        knob = KNOB_BY_KEY[key]
+        if knob.per_stage and stage in knob.stages:
             dims[key] = values
-    order = list(ABBREVIATIONS)
-    return tuple(sorted(dims.items(), key=lambda item: order.index(item[0])))
+    return tuple(sorted(dims.items(), key=lambda item: name_position(item[0])))
 
 
 def _prefer_current(
@@ -396,6 +361,7 @@ def _prefer_current(
 def _current_values(config: Config) -> dict[str, Any]:
     """The config's value at every key a candidate may set."""
     values: dict[str, Any] = {OFFLOAD_KEY: config.zero_optimization.optimizer_offload_device.value}
-    for key in KNOB_STAGES:
-        values[key] = get_field(config, key)
+    for knob in KNOBS:
+        if knob.per_stage:
+            values[knob.key] = get_field(config, knob.key)
     return values

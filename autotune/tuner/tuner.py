@@ -55,8 +55,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, Metric, TunerType
+from autotune.config.knobs import MICRO_BATCH_KEY, STAGE_KEY
 from autotune.experiment import ExperimentResult, Status, wall_time_s
-from autotune.tuner.naming import MICRO_BATCH_KEY, STAGE_KEY, repeat_name, split_repeat
+from autotune.tuner.naming import repeat_name, split_repeat
 from autotune.tuner.ranking import (
     Ranked,
     could_be_better,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from autotune.config import load_config
 from autotune.tuner import Tuner, build_space, candidate_name, split_repeat
 from autotune.tuner.space import default_knobs, micro_batch_sizes, size_grid
@@ -49,6 +51,63 @@ def test_user_lists_replace_defaults_and_apply_where_the_engine_reads_them() -> 
     assert plans[3].knobs == ()  # stage 3 never reads allgather_bucket_size
     slow = space({**raw, "autotuning": {"fast": False}})
     assert dict(slow.plans[0].knobs)[Z + "allgather_bucket_size"] == (1_000_000, 10_000_000)
+
+
+@pytest.mark.filterwarnings("ignore::autotune.config.ConfigWarning")  # tests/config warns
+def test_knobs_the_engine_ignores_are_not_tuned_and_sub_groups_are_tuned_everywhere() -> None:
+    # round_robin_gradients changes nothing in the engine: its list stays at its first value.
+    raw = {
+        "zero_optimization": {
+            "stage": "all",
+            "round_robin_gradients": [True, False],
+            "sub_group_size": [1e6, 1e9],
+        }
+    }
+    tuned = space(raw)
+    for plan in tuned.plans:
+        assert plan.knobs == ((Z + "sub_group_size", (1_000_000, 1_000_000_000)),)
+    assert tuned.fixed[Z + "round_robin_gradients"] is True
+
+
+def test_the_default_knob_grid_and_its_names() -> None:
+    # The landscapes in results/landscapes were measured on exactly these names.
+    slow = space({"autotuning": {"fast": False}}, model_info=MODEL)
+    plans = {p.variant.stage: p for p in slow.plans}
+    # Fitted to the 20M-parameter model: the largest size is the config's own (it holds the
+    # whole model, as the grid's would), so that point is the micro-batch phase's.
+    sizes = (1_000_000, 5_000_000, 500_000_000)
+    assert plans[0].knobs == ()
+    assert plans[1].knobs == (
+        (Z + "reduce_bucket_size", sizes),
+        (Z + "allgather_bucket_size", sizes),
+    )
+    switches = (True, False)
+    assert plans[2].knobs == (
+        *plans[1].knobs,
+        (Z + "overlap_comm", switches),
+        (Z + "reduce_scatter", switches),
+        (Z + "contiguous_gradients", switches),
+    )
+    assert plans[3].knobs == (
+        (Z + "stage3_prefetch_bucket_size", (1_000_000, 5_000_000, 50_000_000)),
+        (Z + "stage3_param_persistence_threshold", (10_000, 100_000, 1_000_000)),
+        (Z + "stage3_max_live_parameters", (1_000_000, 5_000_000, 1_000_000_000)),
+    )
+    stage2 = {
+        Z + "reduce_bucket_size": 1_000_000,
+        Z + "allgather_bucket_size": 5_000_000,
+        Z + "overlap_comm": True,
+        Z + "reduce_scatter": False,
+        Z + "contiguous_gradients": False,
+    }
+    name = slow.name(slow.overrides(plans[2].variant, 4, stage2))
+    assert name == "z2_mbs4_rbs1e6_agbs5e6_oc1_rs0_cg0"
+    stage3 = {
+        Z + "stage3_max_live_parameters": 1_000_000,
+        Z + "stage3_prefetch_bucket_size": 5_000_000,
+        Z + "stage3_param_persistence_threshold": 10_000,
+    }
+    assert slow.name(slow.overrides(plans[3].variant, 4, stage3)) == "z3_mbs4_pfb5e6_ppt1e4_mlp1e6"
 
 
 def test_sizes_above_the_model_collapse_into_one() -> None:
