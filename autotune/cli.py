@@ -18,9 +18,12 @@ from autotune.config import ConfigError, Metric, TunerType
 from autotune.config.sizes import format_size
 from autotune.defaults import (
     DEFAULT_CONFIG,
+    DEFAULT_CPUS_PER_RANK,
     DEFAULT_WORKLOAD,
     DEFAULT_WORLD_SIZE,
+    default_results_dir,
 )
+from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL
 
 app = typer.Typer(
     name="autotune",
@@ -123,7 +126,7 @@ def run(
     runner: Annotated[
         RunnerKind, typer.Option(case_sensitive=False, help="ray: warm actors; local: fresh.")
     ] = RunnerKind.ray,
-    cpus_per_rank: Annotated[int, typer.Option(min=1)] = 1,
+    cpus_per_rank: Annotated[int, typer.Option(min=1)] = DEFAULT_CPUS_PER_RANK,
     gpus_per_rank: Annotated[
         float | None,
         typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
@@ -166,6 +169,8 @@ def run(
                 "in the script's arguments"
             )
         config = Path(found)
+    if config is None and results_dir is None:  # the built-in config
+        results_dir = default_results_dir()
     try:
         spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
         flags = {
@@ -201,7 +206,6 @@ def run(
         config=cfg,
         workload=workload,
         workload_args=args,
-        results_dir=Path(cfg.autotuning.results_dir),
         device_memory_bytes=budget,
         overwrite=overwrite or cfg.autotuning.overwrite,
         cpus_per_rank=cpus_per_rank,
@@ -218,7 +222,7 @@ def run(
         raise fail(str(err)) from None
     except KeyboardInterrupt:
         typer.echo(
-            f"interrupted: finished experiments are kept in {job.results_dir}; "
+            f"interrupted: finished experiments are kept in {job.results_path}; "
             "run the same command to resume",
             err=True,
         )
@@ -247,18 +251,13 @@ def report(
     metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
 ) -> None:
     """Print the experiments of a results directory, best first."""
-    from autotune.results import ResultsDirError, load_results
+    from autotune.results import ResultsDir, ResultsDirError, load_results
 
+    chosen = metric or ResultsDir(results_dir).recorded_metric() or Metric.throughput
     try:
-        frame = load_results(results_dir)
+        frame = load_results(results_dir, ranked_by=chosen)
     except (ResultsDirError, ValueError) as err:
         raise fail(str(err)) from None
-    chosen = (metric.value if metric else None) or _recorded_metric(results_dir)
-    ascending = Metric(chosen).lower_is_better
-    ok_first = frame.assign(_failed=frame["status"] != "ok").sort_values(
-        ["_failed", chosen], ascending=[True, ascending], na_position="last"
-    )
-    frame = ok_first.drop(columns="_failed")
     if format is ReportFormat.csv:
         typer.echo(frame.to_csv(index=False), nl=False)
     elif format is ReportFormat.json:
@@ -273,14 +272,14 @@ def report(
             "zero_stage": "stage",
             "micro_batch_size": "micro",
             "gradient_accumulation_steps": "accum",
-            chosen: chosen,
+            chosen.value: chosen.label,
             "latency_spread": "spread",
-            "peak_memory_bytes": "peak mem/rank",
+            PEAK_MEMORY_COLUMN: PEAK_MEMORY_LABEL,
             "error": "error",
         }
         ran = ", ".join(sorted({str(t) for t in frame["target"].dropna()}))  # what was tuned
         where = f"{results_dir} ({ran})" if ran else str(results_dir)
-        table = Table(title=f"{where}: experiments by {chosen}")
+        table = Table(title=f"{where}: experiments by {chosen.value}")
         for header in columns.values():
             table.add_column(header, no_wrap=header != "error", overflow="fold")
         for _, row in frame[list(columns)].iterrows():
@@ -292,26 +291,22 @@ def report(
 def _cell(column: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):  # None or NaN
         return ""
-    if column == "peak_memory_bytes":
+    if column == PEAK_MEMORY_COLUMN:
         return format_size(float(value))
     if column == "latency_spread":
         return f"{float(value):.0%}"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _recorded_metric(results_dir: Path) -> str:
-    summary = results_dir / "summary.json"
-    if summary.exists():
-        return str(json.loads(summary.read_text()).get("metric", "throughput"))
-    return "throughput"
-
-
 @app.command()
 def best(results_dir: Annotated[Path, typer.Argument(help="A results directory.")]) -> None:
     """Print the path of the best config found (ds_config_optimal.json)."""
-    path = results_dir / "ds_config_optimal.json"
-    if not path.exists():
-        raise fail(f"{results_dir} has no ds_config_optimal.json (has a run finished there?)")
+    from autotune.results import ResultsDir
+    from autotune.results.store import OPTIMAL_NAME
+
+    path = ResultsDir(results_dir).optimal_path()
+    if path is None:
+        raise fail(f"{results_dir} has no {OPTIMAL_NAME} (has a run finished there?)")
     typer.echo(str(path))
 
 

@@ -4,16 +4,26 @@ The built-in gpt workload (5.8M parameters) at world size 2 over every ZeRO stag
 machine without a GPU the per-rank memory budget stands in for a GPU's memory, so the tuner
 meets real out-of-memory boundaries: at 512 MiB per rank the largest micro-batches fit only
 with the optimizer state sharded.
+
+The one source of each default: DeepSpeed's documented ``autotuning`` defaults (profile window,
+timeout, results directory, seed) are :class:`autotune.config.AutotuningConfig`'s; what is
+autotune's own choice is here; an experiment's settings are derived from the job
+(:func:`autotune.tuning.experiment_spec`), never defaulted again.
 """
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 DEFAULT_WORKLOAD = "gpt"
 DEFAULT_WORLD_SIZE = 2
+DEFAULT_CPUS_PER_RANK = 1
 DEFAULT_CPU_DEVICE_MEMORY = "512MiB"
 
+# The built-in config: a short profile window and timeout (instead of DeepSpeed's 3-5 and
+# 600 s) keep the default run to minutes; its results go where DeepSpeed's do.
 DEFAULT_CONFIG: dict[str, Any] = {
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95]}},
     "gradient_clipping": 1.0,
@@ -31,6 +41,27 @@ DEFAULT_CONFIG: dict[str, Any] = {
         "tuner_num_trials": 30,
         "num_remeasure": 2,
         "timeout_s": 120,
-        "results_dir": "autotune_results",
     },
 }
+
+EARLIER_DEFAULT_RESULTS_DIR = "autotune_results"
+"""Where the built-in config's results went before it took DeepSpeed's default."""
+
+
+def default_results_dir() -> Path:
+    """Where the built-in config's results go: DeepSpeed's ``autotuning_results``, unless only
+    a run of an earlier version (``autotune_results``) is here, which keeps resuming there:
+    the default never moves under an existing run."""
+    from autotune.config import AutotuningConfig
+    from autotune.results.store import FINGERPRINT_NAME
+
+    default = Path(AutotuningConfig().results_dir)
+    earlier = Path(EARLIER_DEFAULT_RESULTS_DIR)
+    if not default.exists() and (earlier / FINGERPRINT_NAME).exists():
+        warnings.warn(
+            f"resuming {earlier}, an earlier version's default results directory (the default "
+            f"is now {default}, as DeepSpeed's; pass --results-dir to choose)",
+            stacklevel=2,
+        )
+        return earlier
+    return default

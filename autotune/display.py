@@ -11,18 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.config.sizes import format_size
+from autotune.metric import PEAK_MEMORY_LABEL
 
 if TYPE_CHECKING:
     from autotune.tuner import TuningSummary
     from autotune.tuning import TuningEvent, TuningReport
-
-
-def _metric_text(value: float, metric: str) -> str:
-    if metric == "latency":
-        return f"{value:.3f} s/step"
-    if metric == "flops":
-        return f"{value / 1e9:.2f} GFLOP/s"
-    return f"{value:.2f} samples/s"
 
 
 class Progress:
@@ -56,10 +49,9 @@ class Progress:
                 self._log(f"{event.candidate.name}: started ({len(event.running)} running)")
         elif event.kind == "finished" and event.result is not None:
             result = event.result
-            metric = summary.metric.value
+            metric = summary.metric
             if result.metrics is not None:
-                value = getattr(result.metrics, metric)
-                what = f"ok  {_metric_text(value, metric)}"
+                what = f"ok  {metric.display(metric.of(result.metrics))}"
             else:
                 what = f"{result.status.value}  {result.error or ''}"[:100]
             self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
@@ -81,7 +73,7 @@ class Progress:
             f"search capped at {self.num_trials}",
         )
         if summary.best is not None:
-            value = _metric_text(summary.best.value, summary.metric.value)
+            value = summary.metric.display(summary.best.value)
             table.add_row("best so far", f"{summary.best.name}  {value}")
         remaining = ""
         if self.run_here:  # the pace of this process, not of replayed history
@@ -95,19 +87,19 @@ class Progress:
 
 def ranked_table(summary: TuningSummary, top: int = 10) -> Table:
     """The top configurations, best first, with spread and peak memory."""
-    metric = summary.metric.value
-    table = Table(title=f"top experiments by {metric}")
+    metric = summary.metric
+    table = Table(title=f"top experiments by {metric.value}")
     table.add_column("#", justify="right")
     table.add_column("experiment")
-    table.add_column(metric, justify="right")
+    table.add_column(metric.value, justify="right")
     table.add_column("runs", justify="right")
     table.add_column("spread", justify="right")
-    table.add_column("peak memory/rank", justify="right")
+    table.add_column(PEAK_MEMORY_LABEL, justify="right")
     for index, ranked in enumerate(summary.ranking[:top], start=1):
         table.add_row(
             str(index),
             ranked.name,
-            _metric_text(ranked.value, metric),
+            metric.display(ranked.value),
             str(ranked.num_measurements),
             f"{ranked.spread:.0%}",
             format_size(ranked.peak_memory_bytes),

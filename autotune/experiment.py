@@ -38,27 +38,29 @@ class ExperimentSpec:
         start_profile_step: first optimizer step inside the timed window (1-based).
         end_profile_step: last optimizer step inside the timed window, inclusive.
         timeout_s: wall-clock limit for the whole experiment.
-        device_memory_bytes: per-rank memory budget (None: the device's own limit).
         seed: model initialisation seed (same on every rank); data uses ``seed + rank``.
-        flops_per_sample: training FLOPs per sample if already known (else counted once).
         cpus_per_rank: torch threads per rank process.
+        device_memory_bytes: per-rank memory budget (None: the device's own limit).
+        flops_per_sample: training FLOPs per sample if already known (else counted once).
         script: script mode: the user's training script to run instead of a workload.
         output_dir: where each rank leaves its script's stdout and stderr (``rank0.out``,
             ``rank0.err``, ...): the experiment's folder in the results directory.
     """
 
+    # What the job decides has no default here: a spec is made from a job (tuning.py's
+    # experiment_spec), so the defaults live once, in the config and autotune/defaults.py.
     name: str
     ds_config: Mapping[str, Any]
-    workload: str | None = "gpt"
-    workload_args: Mapping[str, Any] = field(default_factory=dict)
-    world_size: int = 2
-    start_profile_step: int = 3
-    end_profile_step: int = 5
-    timeout_s: float = 600.0
+    workload: str | None
+    workload_args: Mapping[str, Any]
+    world_size: int
+    start_profile_step: int
+    end_profile_step: int
+    timeout_s: float
+    seed: int
+    cpus_per_rank: int
     device_memory_bytes: int | None = None
-    seed: int = 0
     flops_per_sample: float | None = None
-    cpus_per_rank: int = 1
     script: ScriptTarget | None = None
     output_dir: str | None = None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune.config import Config, parse_size
-from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY
+from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
 from autotune.script import ScriptTarget
@@ -65,10 +65,12 @@ class TuningJob:
     """What to tune and where to keep the results.
 
     Attributes:
-        config: the user's config (search lists and ``autotuning`` section included).
+        config: the user's config (search lists and ``autotuning`` section included); the
+            world size, profile window, timeout and seed of every experiment are its.
         workload: a built-in workload name or ``package.module:function``.
         workload_args: the workload's keyword arguments.
-        results_dir: where results live; the same directory resumes.
+        results_dir: where results live; the same directory resumes. None: the config's
+            ``autotuning.results_dir``.
         device_memory_bytes: per-rank memory budget (None: the config's, else the device's).
         overwrite: discard a previous run's results in ``results_dir``.
         cpus_per_rank: cores (torch threads) each rank gets.
@@ -76,13 +78,20 @@ class TuningJob:
     """
 
     config: Config
-    workload: str = "gpt"
+    workload: str = DEFAULT_WORKLOAD
     workload_args: Mapping[str, Any] = field(default_factory=dict)
-    results_dir: Path = Path("autotune_results")
+    results_dir: Path | None = None
     device_memory_bytes: int | None = None
     overwrite: bool = False
-    cpus_per_rank: int = 1
+    cpus_per_rank: int = DEFAULT_CPUS_PER_RANK
     script: ScriptTarget | None = None
+
+    @property
+    def results_path(self) -> Path:
+        """Where results live: ``results_dir``, else the config's ``autotuning.results_dir``."""
+        if self.results_dir is not None:
+            return Path(self.results_dir)
+        return Path(self.config.autotuning.results_dir)
 
     @property
     def label(self) -> str:
@@ -189,7 +198,7 @@ def tune(
     # A workload's model is profiled up front; a script's is measured by its first experiment.
     info = workload_model_info(job) if job.script is None else None
     notify = on_event or (lambda event: None)
-    with ResultsDir.open(job.results_dir, job.fingerprint(), overwrite=job.overwrite) as results:
+    with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:
             info = measured_model_info(results.results(), job.world_size)
         replayed = make_tuner(job, info, results)
@@ -221,7 +230,7 @@ def tune(
             {**summary.to_dict(), "optimal_config": str(optimal_path) if optimal_path else None},
             format_summary(summary, optimal_path, job),
         )
-    return TuningReport(summary, job.results_dir, optimal_path, len(replayed.history), run_now)
+    return TuningReport(summary, job.results_path, optimal_path, len(replayed.history), run_now)
 
 
 def _run_to_the_end(

@@ -36,6 +36,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from autotune.config import AutotuningConfig
+from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD, DEFAULT_WORLD_SIZE
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner import combine_outcomes, free_port, run_rank
 from autotune.runner.local import utc_now
@@ -61,8 +63,18 @@ DS_CONFIG = {
 def benchmark_spec(name: str, mode: str = "workload", folder: Path | None = None) -> ExperimentSpec:
     """The default gpt workload (or the script training it), ZeRO-2, world size 2, the
     default profile window. Script mode writes the script's config and output in ``folder``."""
+    tuning = AutotuningConfig()  # DeepSpeed's defaults: profile window, timeout, seed
+    job = {
+        "ds_config": DS_CONFIG,
+        "world_size": DEFAULT_WORLD_SIZE,
+        "start_profile_step": tuning.start_profile_step,
+        "end_profile_step": tuning.end_profile_step,
+        "timeout_s": tuning.timeout_s,
+        "seed": tuning.seed,
+        "cpus_per_rank": DEFAULT_CPUS_PER_RANK,
+    }
     if mode == "workload":
-        return ExperimentSpec(name=name, ds_config=DS_CONFIG, workload="gpt", world_size=2)
+        return ExperimentSpec(name=name, workload=DEFAULT_WORKLOAD, workload_args={}, **job)
     folder = folder or Path(tempfile.mkdtemp(prefix="bench-script-"))
     config_path = folder / "ds_config.json"
     config_path.write_text(json.dumps(DS_CONFIG))
@@ -72,10 +84,11 @@ def benchmark_spec(name: str, mode: str = "workload", folder: Path | None = None
     )
     return ExperimentSpec(
         name=name,
-        ds_config=DS_CONFIG,
-        world_size=2,
+        workload=None,
+        workload_args={},
         script=script,
         output_dir=str(folder / name),
+        **job,
     )
 
 

@@ -28,6 +28,7 @@ from pydantic.fields import FieldInfo
 
 from autotune.config.keys import MISSING, walk
 from autotune.config.sizes import parse_size
+from autotune.metric import Metric
 
 AUTO = "auto"
 
@@ -416,17 +417,6 @@ class ZeroConfig(Section):
 
 
 # --- autotuning --------------------------------------------------------------------------------
-
-
-class Metric(str, enum.Enum):
-    throughput = "throughput"
-    latency = "latency"
-    flops = "flops"
-
-    @property
-    def lower_is_better(self) -> bool:
-        """Latency is minimised; throughput and FLOPS are maximised."""
-        return self is Metric.latency
 
 
 class TunerType(str, enum.Enum):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import SEARCHABLE_KEYS
 from autotune.config.keys import get_key
 from autotune.experiment import Timings
+from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError
 from autotune.script import ScriptTarget
 
@@ -17,15 +18,18 @@ if TYPE_CHECKING:
 
 # Knobs flattened into columns besides the searchable keys.
 EXTRA_KNOBS = ("zero_optimization.offload_optimizer.device", "bf16.enabled", "fp16.enabled")
-METRIC_COLUMNS = ("latency", "throughput", "flops", "peak_memory_bytes", "latency_spread")
+# Every rankable metric (its name is its column), then what is shown beside it.
+METRIC_COLUMNS = (*(metric.value for metric in Metric), PEAK_MEMORY_COLUMN, "latency_spread")
 
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    """Load a results directory into a DataFrame.
+def load_results(path: str | Path, ranked_by: Metric | str | None = None) -> pd.DataFrame:
+    """Load a results directory into a DataFrame: one row per experiment, in the order they
+    finished, or with ``ranked_by`` a metric, best first (see :meth:`ResultsDir.ranked`).
 
     Columns: ``name``, ``status``, ``zero_stage``, ``micro_batch_size``,
-    ``gradient_accumulation_steps``, ``train_batch_size``, ``latency`` (s/step), ``throughput``
-    (samples/s), ``flops`` (FLOP/s per rank), ``peak_memory_bytes``, ``latency_spread``,
+    ``gradient_accumulation_steps``, ``train_batch_size``, one column per
+    :class:`~autotune.metric.Metric` (``throughput`` samples/s, ``latency`` s/step, ``flops``
+    FLOP/s per rank), ``peak_memory_bytes``, ``latency_spread``,
     ``error``, ``started_at`` (UTC), ``duration_s``, ``overhead_s``, ``node_ids`` (where each
     rank ran: with ``started_at`` and ``duration_s``, which experiments overlapped where),
     ``repeat_of``, ``target`` (what ran: the workload, e.g. ``gpt``, or the script, e.g.
@@ -47,7 +51,9 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if not (directory / LOG_NAME).exists():
         raise ResultsDirError(f"{directory} is not an autotune results directory (no {LOG_NAME})")
     job_target = _job_target(directory)
-    rows = [_row(record, job_target) for record in ResultsDir(directory).records()]
+    results = ResultsDir(directory)
+    records = results.records() if ranked_by is None else results.ranked(Metric(ranked_by))
+    rows = [_row(record, job_target) for record in records]
     frame = pd.DataFrame(rows, columns=_columns(rows))
     if not frame.empty:
         frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")

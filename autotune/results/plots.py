@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.config.schema import Metric
+from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL, Metric
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
 
-LABELS = {
-    "throughput": "throughput (samples/s)",
-    "latency": "latency (s/step)",
-    "flops": "FLOP/s per rank",
-    "peak_memory_bytes": "peak memory per rank (GiB)",
-}
+GIB = 2**30
+MEMORY_AXIS_LABEL = f"{PEAK_MEMORY_LABEL} (GiB)"
 
 
 def _axes(ax: Axes | None) -> Axes:
@@ -33,38 +29,42 @@ def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     if "repeat_of" not in ok.columns:
         return ok
     config = ok["repeat_of"].fillna(ok["name"])
-    metrics = ["throughput", "latency", "flops"]
     # Medians of the speed metrics; the largest peak memory, as the ranking reports it.
-    folded = ok.groupby(config).agg({m: "median" for m in metrics} | {"peak_memory_bytes": "max"})
+    folded = ok.groupby(config).agg(
+        {m.value: "median" for m in Metric} | {PEAK_MEMORY_COLUMN: "max"}
+    )
     originals = ok[ok["name"].isin(folded.index)].set_index("name")
     originals[list(folded.columns)] = folded.loc[originals.index]
     return originals.reset_index()
 
 
 def metric_vs_micro_batch(
-    frame: pd.DataFrame, metric: str = "throughput", ax: Axes | None = None
+    frame: pd.DataFrame, metric: Metric | str = Metric.throughput, ax: Axes | None = None
 ) -> Axes:
     """One line per ZeRO stage: the metric against the micro-batch size (best knobs each)."""
+    metric = Metric(metric)
     ax = _axes(ax)
     ok = _ok(frame)
-    best = min if Metric(metric).lower_is_better else max
     for stage, group in ok.groupby("zero_stage"):
-        points = group.groupby("micro_batch_size")[metric].agg(best).sort_index()
+        points = group.groupby("micro_batch_size")[metric.value].agg(metric.best).sort_index()
         ax.plot(points.index, points.values, marker="o", label=f"ZeRO {stage}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("micro-batch size per rank")
-    ax.set_ylabel(LABELS.get(metric, metric))
-    ax.set_title(f"{metric} by micro-batch and stage")
+    ax.set_ylabel(metric.label)
+    ax.set_title(f"{metric.value} by micro-batch and stage")
     if len(ok):
         ax.legend()
     return ax
 
 
-def best_so_far(frame: pd.DataFrame, metric: str = "throughput", ax: Axes | None = None) -> Axes:
+def best_so_far(
+    frame: pd.DataFrame, metric: Metric | str = Metric.throughput, ax: Axes | None = None
+) -> Axes:
     """The best metric found after each experiment: how fast the search paid off."""
+    metric = Metric(metric)
     ax = _axes(ax)
-    values = frame[metric].where(frame["status"] == "ok")
-    running = values.cummin() if Metric(metric).lower_is_better else values.cummax()
+    values = frame[metric.value].where(frame["status"] == "ok")
+    running = values.cummin() if metric.lower_is_better else values.cummax()
     numbers = range(1, len(frame) + 1)
     ax.step(numbers, running, where="post", label="best so far")
     ax.scatter(numbers, values, s=12, alpha=0.6, label="experiment")
@@ -78,21 +78,22 @@ def best_so_far(frame: pd.DataFrame, metric: str = "throughput", ax: Axes | None
             label="failed / oom",
         )
     ax.set_xlabel("experiment number")
-    ax.set_ylabel(LABELS.get(metric, metric))
-    ax.set_title(f"best {metric} so far")
+    ax.set_ylabel(metric.label)
+    ax.set_title(f"best {metric.value} so far")
     ax.legend()
     return ax
 
 
 def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
     """The ok experiments no other beats on both throughput (higher) and memory (lower)."""
-    ok = _ok(frame).sort_values(["peak_memory_bytes", "throughput"], ascending=[True, False])
+    throughput = Metric.throughput.value
+    ok = _ok(frame).sort_values([PEAK_MEMORY_COLUMN, throughput], ascending=[True, False])
     front: list[Any] = []
     best = float("-inf")
     for index, row in ok.iterrows():
-        if row["throughput"] > best:
+        if row[throughput] > best:
             front.append(index)
-            best = row["throughput"]
+            best = row[throughput]
     return ok.loc[front]
 
 
@@ -100,21 +101,21 @@ def throughput_vs_memory(frame: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Throughput against peak memory per rank, the Pareto front marked."""
     ax = _axes(ax)
     ok = _ok(frame)
-    gib = 2**30
+    throughput = Metric.throughput
     for stage, group in ok.groupby("zero_stage"):
-        ax.scatter(group["peak_memory_bytes"] / gib, group["throughput"], label=f"ZeRO {stage}")
+        ax.scatter(group[PEAK_MEMORY_COLUMN] / GIB, group[throughput.value], label=f"ZeRO {stage}")
     front = pareto_front(frame)
     ax.plot(
-        front["peak_memory_bytes"] / gib,
-        front["throughput"],
+        front[PEAK_MEMORY_COLUMN] / GIB,
+        front[throughput.value],
         color="black",
         linestyle="--",
         marker="*",
         markersize=10,
         label="Pareto front",
     )
-    ax.set_xlabel(LABELS["peak_memory_bytes"])
-    ax.set_ylabel(LABELS["throughput"])
+    ax.set_xlabel(MEMORY_AXIS_LABEL)
+    ax.set_ylabel(throughput.label)
     ax.set_title("throughput vs memory")
     ax.legend()
     return ax

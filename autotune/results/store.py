@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.experiment import ExperimentResult, ExperimentSpec
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.metric import Metric
 from autotune.results.files import append_line, atomic_write_json, atomic_write_text, read_jsonl
 from autotune.results.lock import DirectoryLock
 
@@ -46,14 +47,16 @@ class ResultsDir:
     Example:
         >>> import tempfile
         >>> from autotune.experiment import ExperimentResult, ExperimentSpec, Status
-        >>> spec = ExperimentSpec("z1_mbs64", {"zero_optimization": {"stage": 1}})
+        >>> spec = ExperimentSpec("z1_mbs64", {"zero_optimization": {"stage": 1}}, "gpt", {},
+        ...     world_size=2, start_profile_step=3, end_profile_step=5, timeout_s=600, seed=0,
+        ...     cpus_per_rank=1)
         >>> result = ExperimentResult("z1_mbs64", Status.oom, error="OutOfMemoryError: ...")
         >>> fingerprint = {"tuned": {"workload": "gpt", "world_size": 2}}
         >>> with tempfile.TemporaryDirectory() as path:
         ...     with ResultsDir.open(path, fingerprint) as results:
         ...         results.record(spec, result)  # the log line commits it: never re-run
-        ...         sorted(results.finished_names())
-        ['z1_mbs64']
+        ...         sorted(results.finished_names()), results.optimal_path()
+        (['z1_mbs64'], None)
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -191,7 +194,35 @@ class ResultsDir:
     def finished_names(self) -> set[str]:
         return {r["name"] for r in self.records()}
 
+    def ranked(self, metric: Metric) -> list[dict[str, Any]]:
+        """Every finished experiment's log record, best first by ``metric``: those that ran
+        ok by their own measurement (re-measurements separately, ties in finishing order),
+        then the rest in the order they finished."""
+        ok, rest = [], []
+        for record in self.records():
+            measured = record.get("metrics")
+            if record.get("status") == Status.ok.value and measured:
+                ok.append((metric.of(measured), record))
+            else:
+                rest.append(record)
+        ok.sort(key=lambda pair: -metric.score(pair[0]))
+        return [record for _, record in ok] + rest
+
+    def recorded_metric(self) -> Metric | None:
+        """The metric the last run that finished here ranked by (from its summary), or None
+        before any run finished."""
+        try:
+            summary = json.loads((self.path / SUMMARY_NAME).read_text(encoding="utf-8"))
+            return Metric(summary["metric"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     # --- outputs -----------------------------------------------------------------------------
+
+    def optimal_path(self) -> Path | None:
+        """The best config a finished run wrote (``ds_config_optimal.json``), or None."""
+        path = self.path / OPTIMAL_NAME
+        return path if path.is_file() else None
 
     def write_optimal(self, ds_config: Mapping[str, Any]) -> Path:
         path = self.path / OPTIMAL_NAME

@@ -470,8 +470,9 @@ class RayRunner:
         >>> def spec(stage):
         ...     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
         ...               "gradient_accumulation_steps": 1, "zero_optimization": {"stage": stage}}
-        ...     return ExperimentSpec(f"z{stage}_mbs2", config, workload="mlp", world_size=2,
-        ...                           start_profile_step=1, end_profile_step=2)
+        ...     return ExperimentSpec(f"z{stage}_mbs2", config, workload="mlp", workload_args={},
+        ...                           world_size=2, start_profile_step=1, end_profile_step=2,
+        ...                           timeout_s=120, seed=0, cpus_per_rank=1)
         >>> with RayRunner(num_cpus=2) as runner:  # the actors stay warm between experiments
         ...     results = list(runner.run_many([spec(1), spec(2)]))  # as they end; run(): one
         >>> sorted((r.name, r.status.value, r.metrics.throughput > 0) for r in results)

@@ -72,7 +72,9 @@ class TableRunner:
         >>> runner = TableRunner(table, seed=1)
         >>> runner.value("z1_mbs4"), runner.best_value
         (10.0, 10.0)
-        >>> runner.run(ExperimentSpec("z1_mbs8", {})).status.value
+        >>> spec = ExperimentSpec("z1_mbs8", {}, "gpt", {}, world_size=2, start_profile_step=2,
+        ...                       end_profile_step=4, timeout_s=60, seed=0, cpus_per_rank=1)
+        >>> runner.run(spec).status.value
         'oom'
     """
 
@@ -205,19 +207,24 @@ def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: A
     from autotune.config import load_config
     from autotune.profiling.model_info import ModelInfo
     from autotune.tuner import Tuner
+    from autotune.tuning import TuningJob, experiment_spec
 
     how = table["how"]
     spec = json.loads(json.dumps(how["config"]))
     spec["autotuning"].update(tuner_type=tuner_type, seed=seed, **autotuning)
-    tuner = Tuner(
-        load_config(spec, world_size=how["world_size"]),
-        ModelInfo(**table["model_info"]),
+    job = TuningJob(
+        config=load_config(spec, world_size=how["world_size"]),
+        workload=how["workload"],
+        workload_args=how["workload_args"],
         device_memory_bytes=how["device_memory_bytes"],
+    )
+    tuner = Tuner(
+        job.config, ModelInfo(**table["model_info"]), device_memory_bytes=job.memory_budget
     )
     runner = TableRunner(table, seed)
     values, names = [], []
     while (candidate := tuner.ask()) is not None:
-        tuner.tell(runner.run(ExperimentSpec(candidate.name, candidate.ds_config)))
+        tuner.tell(runner.run(experiment_spec(job, candidate, flops_per_sample=None)))
         values.append(runner.value(candidate.name))
         names.append(candidate.name)
     best = tuner.summary().best

@@ -1,9 +1,8 @@
 """Ranking results: which configuration is best, by how much, and whether noise could flip it.
 
-Throughput and FLOPS are maximised and latency minimised (DeepSpeed's autotuner maximises
-latency too — a bug not copied here). Only ``ok`` results rank. Re-measurements
-(``<name>_r1``, ...) are grouped with their original and a configuration ranks by the median of
-its measurements; ties go to the lower peak memory.
+Each metric's direction is its :class:`~autotune.metric.Metric`'s (latency: lower is better).
+Only ``ok`` results rank. Re-measurements (``<name>_r1``, ...) are grouped with their original
+and a configuration ranks by the median of its measurements; ties go to the lower peak memory.
 """
 
 from __future__ import annotations
@@ -18,11 +17,6 @@ from autotune.experiment import ExperimentResult, Metrics
 from autotune.tuner.naming import split_repeat
 
 
-def metric_value(metrics: Metrics, metric: Metric) -> float:
-    """The measured value of ``metric``."""
-    return float(getattr(metrics, metric.value))
-
-
 def score(metrics: Metrics, metric: Metric) -> float:
     """``metric`` oriented so that higher is better (latency is negated).
 
@@ -32,8 +26,7 @@ def score(metrics: Metrics, metric: Metric) -> float:
         >>> score(m, Metric.latency), score(m, Metric.throughput)
         (-0.5, 16.0)
     """
-    value = metric_value(metrics, metric)
-    return -value if metric.lower_is_better else value
+    return metric.score(metric.of(metrics))
 
 
 @dataclass(frozen=True)
@@ -91,14 +84,13 @@ def rank(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
     ranked = [
         Ranked(
             name=name,
-            value=statistics.median(metric_value(m, metric) for m in measured),
-            values=tuple(metric_value(m, metric) for m in measured),
+            value=statistics.median(metric.of(m) for m in measured),
+            values=tuple(metric.of(m) for m in measured),
             peak_memory_bytes=max(m.peak_memory_bytes for m in measured),
         )
         for name, measured in groups.items()
     ]
-    sign = -1.0 if metric.lower_is_better else 1.0
-    ranked.sort(key=lambda r: (-sign * r.value, r.peak_memory_bytes, r.name))
+    ranked.sort(key=lambda r: (-metric.score(r.value), r.peak_memory_bytes, r.name))
     return ranked
 
 

@@ -15,6 +15,7 @@ import torch
 from autotune.experiment import ExperimentSpec, Status
 from autotune.runner import free_port, run_local, run_rank
 from tests.gpu.cuda_cases import GPU_GPT, NEEDS_CUDA, fresh_allocator, record
+from tests.specs import job_spec
 
 pytestmark = NEEDS_CUDA
 
@@ -22,16 +23,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def gpt_spec(name: str, micro: int) -> ExperimentSpec:
-    return ExperimentSpec(
-        name=name,
-        ds_config={
+    return job_spec(
+        name,
+        {
             "train_batch_size": micro,
             "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
             "zero_optimization": {"stage": 2},
         },
-        workload="gpt",
         workload_args=GPU_GPT,
         world_size=1,
         start_profile_step=3,

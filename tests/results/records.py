@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
+from tests.specs import job_spec
 
 FINGERPRINT = {"tuned": {"workload": "gpt", "world_size": 2}, "versions": {"autotune": "0"}}
 
 
 def make_spec(name: str, stage: int = 1, micro: int = 4) -> ExperimentSpec:
-    return ExperimentSpec(
-        name=name,
-        ds_config={
+    return job_spec(
+        name,
+        {
             "train_batch_size": micro * 2,
             "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": 1,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.experiment import Status
+from autotune.metric import Metric
 from autotune.results import (
     ResultsDir,
     ResultsDirError,
@@ -116,3 +117,27 @@ def test_a_live_run_keeps_others_out_and_a_dead_ones_lock_is_taken_over(tmp_path
     time.sleep(0.1)
     with ResultsDir.open(tmp_path, FINGERPRINT) as taken_over:
         assert taken_over.finished_names() == set()
+
+
+def test_ranked_puts_ok_experiments_best_first_by_the_metric_and_failures_last(
+    results: ResultsDir,
+) -> None:
+    for name, status, throughput in (
+        ("slow", Status.ok, 5.0),
+        ("oom", Status.oom, 0.0),
+        ("fast", Status.ok, 20.0),
+        ("fast_r1", Status.ok, 10.0),
+    ):
+        results.record(make_spec(name), make_result(name, status, throughput or 1.0))
+    for metric in Metric:  # a faster step is better by every metric
+        assert [r["name"] for r in results.ranked(metric)] == ["fast", "fast_r1", "slow", "oom"]
+
+
+def test_optimal_path_and_recorded_metric_exist_once_a_run_finished(
+    results: ResultsDir,
+) -> None:
+    assert results.optimal_path() is None and results.recorded_metric() is None
+    written = results.write_optimal({"train_micro_batch_size_per_gpu": 4})
+    results.write_summary({"metric": "latency"}, "done")
+    assert results.optimal_path() == written == results.path / "ds_config_optimal.json"
+    assert results.recorded_metric() is Metric.latency

@@ -31,6 +31,7 @@ from typing import Any
 from autotune.config import load_config
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.runner.rank import RankOutcome
+from tests.specs import job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 # The tuner profiles the workload once on the driver; the ranks never build it.
@@ -217,17 +218,7 @@ def _side_by_side(args: argparse.Namespace) -> None:
 
     rank_fn = functools.partial(sleep_rank, seconds=args.seconds, log_dir=args.log_dir)
     ds_config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 2}
-    specs = [
-        ExperimentSpec(
-            f"side-{i}",
-            ds_config,
-            world_size=2,
-            start_profile_step=1,
-            end_profile_step=1,
-            timeout_s=120,
-        )
-        for i in range(args.count)
-    ]
+    specs = [job_spec(f"side-{i}", ds_config, end_profile_step=1) for i in range(args.count)]
     with RayRunner(args.address, rank_fn=rank_fn, preload_torch=False) as runner:
         results = [
             {"name": r.name, "status": r.status.value, "error": r.error, "nodes": r.node_ids}

@@ -12,6 +12,7 @@ from typing import Any
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.runner.rank import RankOutcome
 from tests.runner.faulty_workloads import TINY_GPT
+from tests.specs import job_spec
 
 FAULTY = "tests.runner.faulty_workloads:faulty"
 
@@ -29,15 +30,13 @@ def spec(
             "zero_optimization": {"stage": 2},
         },
     )
-    return ExperimentSpec(
-        name=name,
-        ds_config=ds_config,
+    return job_spec(
+        name,
+        ds_config,
         workload=workload,
         workload_args=TINY_GPT if args is None else args,
-        world_size=2,
         start_profile_step=2,
         end_profile_step=4,
-        timeout_s=kw.pop("timeout_s", 120.0),
         **kw,
     )
 
@@ -57,13 +56,11 @@ def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutc
 def stand_in(
     name: str, world_size: int = 1, timeout_s: float = 60, **args: object
 ) -> ExperimentSpec:
-    return ExperimentSpec(
-        name=name,
-        ds_config={},
+    return job_spec(
+        name,
         workload="stand-in",
         workload_args=args,
         world_size=world_size,
-        start_profile_step=1,
         end_profile_step=1,
         timeout_s=timeout_s,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.runner import RankOutcome, combine_outcomes, experiment_verdict
+from tests.specs import job_spec
 
 
 def _ok(rank: int, peak: int) -> RankOutcome:
@@ -39,7 +40,7 @@ def test_oom_on_one_rank_makes_the_experiment_oom() -> None:
 
 
 def _spec(world_size: int = 2) -> ExperimentSpec:
-    return ExperimentSpec(name="e", ds_config={}, world_size=world_size, timeout_s=30)
+    return job_spec("e", world_size=world_size, timeout_s=30)
 
 
 def test_silence_without_a_failure_is_a_timeout() -> None:

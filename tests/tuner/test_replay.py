@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.experiment import ExperimentSpec, Status
+from autotune.experiment import Status
 from autotune.runner.table import MissingMeasurement, TableRunner, replay
+from tests.specs import job_spec
 
 LANDSCAPES = sorted((Path(__file__).resolve().parents[2] / "results" / "landscapes").glob("*.json"))
 TABLE = {
@@ -23,7 +24,7 @@ TABLE = {
 
 
 def run(runner: TableRunner, name: str, batch: int = 4) -> tuple[Status, float | None]:
-    result = runner.run(ExperimentSpec(name, {"train_batch_size": batch}))
+    result = runner.run(job_spec(name, {"train_batch_size": batch}))
     return result.status, result.metrics.throughput if result.metrics else None
 
 
