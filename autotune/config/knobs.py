@@ -71,6 +71,23 @@ _STAGES_1_2 = frozenset({1, 2})
 _BUCKETS = (50_000_000, 500_000_000, 1_000_000_000)  # DeepSpeed's autotuner's bucket sizes
 _SWITCHES = (True, False)
 
+
+def _stage3(
+    name: str, abbreviation: str, grid: tuple[int, ...] = (), scales_with_model: bool = False
+) -> Knob:
+    """A ``stage3_*`` size: read at stage 3 only, tuned there by default if it has a grid."""
+    default_stages = frozenset({3}) if grid else frozenset()
+    return Knob(
+        f"{_Z}stage3_{name}",
+        abbreviation,
+        int,
+        frozenset({3}),
+        default_stages,
+        grid,
+        scales_with_model,
+    )
+
+
 # In name order: a candidate's name lists its keys in this order.
 KNOBS: tuple[Knob, ...] = (
     Knob(STAGE_KEY, "z", int, frozenset(ALL_STAGES), per_stage=False),
@@ -105,33 +122,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob(_Z + "allgather_partitions", "agp", bool, _STAGES_1_2),
     # Bucket order is fixed and the same on every rank: nothing for it to change.
     Knob(_Z + "round_robin_gradients", "rrg", bool, frozenset()),
-    Knob(
-        _Z + "stage3_prefetch_bucket_size",
-        "pfb",
-        int,
-        frozenset({3}),
-        frozenset({3}),
-        (5_000_000, 50_000_000, 500_000_000),
-        scales_with_model=True,
-    ),
-    Knob(
-        _Z + "stage3_param_persistence_threshold",
-        "ppt",
-        int,
-        frozenset({3}),
-        frozenset({3}),
-        (10_000, 100_000, 1_000_000),
-    ),
-    Knob(
-        _Z + "stage3_max_live_parameters",
-        "mlp",
-        int,
-        frozenset({3}),
-        frozenset({3}),
-        (100_000_000, 500_000_000, 1_000_000_000),
-        scales_with_model=True,
-    ),
-    Knob(_Z + "stage3_max_reuse_distance", "mrd", int, frozenset({3})),
+    _stage3("prefetch_bucket_size", "pfb", (5_000_000, 50_000_000, 500_000_000), True),
+    _stage3("param_persistence_threshold", "ppt", (10_000, 100_000, 1_000_000)),
+    _stage3("max_live_parameters", "mlp", (100_000_000, 500_000_000, 1_000_000_000), True),
+    _stage3("max_reuse_distance", "mrd"),
     # The optimizer steps this rank's owned elements in pieces of this size, at every stage.
     Knob(_Z + "sub_group_size", "sgs", int, frozenset(ALL_STAGES)),
 )

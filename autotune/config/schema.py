@@ -527,9 +527,12 @@ class DeepSpeedConfig(Section):
     memory_breakdown: StrictBool = False
     steps_per_print: PositiveInt = 10
     dump_state: StrictBool = False
-    # disable_allgather and fp32_allreduce are accepted without effect (engine/settings.py).
-    disable_allgather: StrictBool = False
-    fp32_allreduce: StrictBool = False
+    disable_allgather: StrictBool = Field(
+        default=False, description="Accepted without effect (engine/settings.py)."
+    )
+    fp32_allreduce: StrictBool = Field(
+        default=False, description="Accepted without effect (engine/settings.py)."
+    )
     dataloader_drop_last: StrictBool = False
     seed: AnyInt | None = None
     # autotune's own: the per-rank device-memory budget the CPU engine enforces.
