@@ -48,8 +48,8 @@ def fail(message: str) -> typer.Exit:
 def validate(
     config: Annotated[Path, typer.Argument(help="A DeepSpeed-style JSON config.")],
     world_size: Annotated[
-        int, typer.Option("--world-size", "-n", min=1, help="Data-parallel ranks.")
-    ] = 1,
+        int, typer.Option("--world-size", "-n", min=1, help="Data-parallel ranks (as run's).")
+    ] = DEFAULT_WORLD_SIZE,
     full: Annotated[bool, typer.Option("--full", help="Show every default too.")] = False,
 ) -> None:
     """Check a config and print it resolved (batch triad filled in), or the first error."""

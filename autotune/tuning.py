@@ -465,7 +465,8 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
         lines.append("no experiment ran ok: see the failures below")
     else:
         best = summary.best
-        lines.append(f"best: {best.name}  {metric} {best.value:.4g} (spread {best.spread:.0%})")
+        shown = summary.metric.display(best.value)
+        lines.append(f"best: {best.name}  {metric} {shown} (spread {best.spread:.0%})")
         if summary.top_two_within_noise:
             lines.append("note: the top two are within noise of each other")
         if optimal_path is not None:
@@ -474,7 +475,8 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
     if summary.best_per_variant:
         lines.append("best per ZeRO variant:")
         for variant, ranked in summary.best_per_variant.items():
-            lines.append(f"  {variant:12s} {ranked.name:40s} {metric} {ranked.value:.4g}")
+            shown = summary.metric.display(ranked.value)
+            lines.append(f"  {variant:12s} {ranked.name:40s} {metric} {shown}")
     for name, why in {**summary.failed, **summary.pruned}.items():
         lines.append(f"  {name}: {why}")
     return "\n".join(lines)

@@ -24,6 +24,15 @@ def test_validate_prints_the_resolved_config(tmp_path: Path) -> None:
     assert printed["train_micro_batch_size_per_gpu"] == 8
 
 
+def test_validate_resolves_the_triad_at_the_world_size_run_defaults_to(tmp_path: Path) -> None:
+    # A config checked with validate must resolve as `autotune run` (2 ranks) will run it.
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"train_batch_size": 32, "gradient_accumulation_steps": 2}))
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["train_micro_batch_size_per_gpu"] == 8
+
+
 def test_validate_full_shows_defaults(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text("{}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,7 +81,9 @@ def test_run_report_best_and_resume(tmp_path: Path) -> None:
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert "autotuning" not in optimal and optimal["optimizer"]["type"] == "AdamW"
     assert optimal["train_batch_size"] == 2 * optimal["train_micro_batch_size_per_gpu"]
-    assert (results / "summary.txt").read_text().startswith("autotune: gpt at world size 2")
+    summary_text = (results / "summary.txt").read_text()
+    assert summary_text.startswith("autotune: gpt at world size 2")
+    assert re.search(r"best: \S+  throughput [0-9.]+ samples/s", summary_text)
 
     again = runner.invoke(app, run_args(config, results))
     assert again.exit_code == 0, again.output
