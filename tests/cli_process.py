@@ -1,4 +1,5 @@
-"""``autotune`` as a separate process, for tests that kill it mid-run and resume."""
+"""``autotune`` as a separate process: to see what a user sees (exit code, stderr), or to kill
+it mid-run and resume."""
 
 from __future__ import annotations
 
@@ -6,6 +7,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def run_autotune(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m autotune ARGS`` to completion, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def start_autotune(*args: str) -> subprocess.Popen[str]:

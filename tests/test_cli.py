@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from tests.cli_process import run_autotune
 
 runner = CliRunner()
 
@@ -44,12 +43,7 @@ def test_validate_full_shows_defaults(tmp_path: Path) -> None:
 def test_validate_bad_config_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text('{"zero_optimization": {"stage": 7}}')
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "validate", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_autotune("validate", str(path))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: {path}: zero_optimization.stage: input should be less than or equal to 3 (got 7)"
@@ -60,12 +54,7 @@ def test_validate_bad_config_exits_2_with_one_line_and_no_traceback(tmp_path: Pa
 def test_an_unknown_top_level_key_is_one_warning_line(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text('{"cuda_visible_devices": 0, "train_batch_size": 8}')
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "validate", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_autotune("validate", str(path))
     assert proc.returncode == 0
     assert proc.stderr.strip().splitlines() == [
         "warning: config key 'cuda_visible_devices' is unknown; kept but not used"

@@ -6,8 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.results import DirectoryLock, load_results
-from tests.cli_process import start_autotune, wait_for_lines
+from tests.cli_process import run_autotune, start_autotune, wait_for_lines
 
 pytestmark = pytest.mark.multirank
 runner = CliRunner()
@@ -144,23 +142,7 @@ def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "run",
-            "--results-dir",
-            str(tmp_path / "r"),
-            "--runner",
-            "local",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_autotune("run", "--results-dir", str(tmp_path / "r"), "--runner", "local", *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
