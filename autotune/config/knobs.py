@@ -43,6 +43,8 @@ class Knob:
         searchable: the config may give a list of values to search at this key.
         per_stage: tuned per stage in the knob phase; the stage, the micro-batch and the
             offload choice are the tuner's own axes, searched before.
+        recommended: the value established practice sets where it differs from the config's
+            own (None: keep the config's); ``model_based`` tries it before searching.
     """
 
     key: str
@@ -54,6 +56,7 @@ class Knob:
     scales_with_model: bool = False
     searchable: bool = True
     per_stage: bool = True
+    recommended: Any = None
 
     def __post_init__(self) -> None:
         # A default tuned where the engine does not read it would run experiments that
@@ -114,7 +117,16 @@ KNOBS: tuple[Knob, ...] = (
         _BUCKETS,
         scales_with_model=True,
     ),
-    Knob(_Z + "overlap_comm", "oc", bool, frozenset(ALL_STAGES), frozenset({2}), _SWITCHES),
+    # DeepSpeed's ZeRO-2 examples and its stage-3 default overlap the reduction with backward.
+    Knob(
+        _Z + "overlap_comm",
+        "oc",
+        bool,
+        frozenset(ALL_STAGES),
+        frozenset({2}),
+        _SWITCHES,
+        recommended=True,
+    ),
     # Stage 0 all-reduces: every rank needs the whole gradient.
     Knob(_Z + "reduce_scatter", "rs", bool, frozenset({1, 2, 3}), frozenset({2}), _SWITCHES),
     # Only partitioned gradients (stages 2-3) are packed into bucket buffers.

@@ -5,9 +5,15 @@ the parameters (all of them at stage 0, a 1/N shard from stage 1 on: ZeRO's poin
 communicates a volume set by its stage: stages 0-2 all-reduce (or reduce-scatter and
 all-gather) the gradients and parameters once, about 2 × the model's bytes; stage 3 also
 gathers the parameters again for backward, about 3 ×; an offloaded optimizer adds a host step
-over the model's states and its copies in and out. The ratio of compute speed to bandwidth is
-not known before running, so the prior takes a typical one; it only orders the variants (which
-to search first), so it need not be exact.
+over the model's states and its copies in and out. The update is charged whole at every stage:
+what sharding saves of it, the partitioned stages spend again on their flat-buffer copies and
+the extra collective launches (measured on the committed landscapes, stages 0-2 run within
+noise of each other at equal micro-batch). So at equal micro-batch the lower stage is never
+predicted slower, and variants that tie keep stage order: a higher stage must fit a larger
+micro-batch to come first, as in DeepSpeed's own autotuner, which climbs the stages only
+while that pays. The ratio of compute speed to bandwidth is not known before running, so the
+prior takes a typical one; it only orders the variants (which to search first), so it need
+not be exact.
 """
 
 from __future__ import annotations
@@ -28,9 +34,7 @@ OFFLOAD_COMMUNICATION = 4.0
 OPTIMIZER_FLOPS_PER_PARAM = 16.0
 
 
-def predicted_throughput(
-    plan: VariantPlan, model_info: ModelInfo | None, world_size: int = 1
-) -> float:
+def predicted_throughput(plan: VariantPlan, model_info: ModelInfo | None) -> float:
     """Samples per unit of time expected of ``plan`` at its estimated largest micro-batch.
 
     Without a model profile only the micro-batch where the search starts is known, and a
@@ -53,7 +57,6 @@ def predicted_throughput(
     if plan.variant.offload_optimizer:
         volume += OFFLOAD_COMMUNICATION
     communication_flops = volume * model_info.param_bytes * FLOPS_PER_COMMUNICATED_BYTE
-    shards = world_size if plan.variant.stage > 0 else 1
-    update_flops = OPTIMIZER_FLOPS_PER_PARAM * model_info.num_params / shards
+    update_flops = OPTIMIZER_FLOPS_PER_PARAM * model_info.num_params
     step = micro_batch * model_info.flops_per_sample + communication_flops + update_flops
     return micro_batch / step

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import warnings
 from collections.abc import Callable, Sequence
@@ -51,6 +52,7 @@ class Subspace:
     label: str
     dims: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     best_so_far: float | None = None  # the variant's best score before this phase, if any
+    preferred: Point | None = None  # the point established practice recommends, if any
 
     def points(self) -> list[Point]:
         keys = [key for key, _ in self.dims]
@@ -118,6 +120,8 @@ class OptunaSampler:
     earlier phases) trails the best subspace's by more than ``DEFER_BEHIND`` is left to the
     end of that start-up: by a margin larger than the noise it is worse, so the few random
     points go to the contenders (successive halving's idea, without dropping anything).
+    Before them come the subspaces' ``preferred`` points (what practice recommends, such as
+    ``overlap_comm`` at ZeRO-2), the subspace with the best score so far first.
 
     Args:
         space: the subspaces.
@@ -148,6 +152,10 @@ class OptunaSampler:
         self._random = RandomSampler(space, seed)
         deferred = _deferred(space)
         self._random._order.sort(key=lambda p: p.label in deferred)  # stable: random otherwise
+        preferred = [s.preferred for s in _by_best(space) if s.preferred is not None]
+        preferred = [p for p in preferred if p.label not in deferred]
+        rest = [p for p in self._random._order if p not in preferred]
+        self._random._order = preferred + rest
         self._asked: dict[Point, Any] = {}  # optuna.Trial
         self._worst = 0.0
         with warnings.catch_warnings():
@@ -271,6 +279,11 @@ def _deferred(space: Sequence[Subspace]) -> set[str]:
         return set()
     cut = (1.0 - DEFER_BEHIND) * max(known)
     return {s.label for s in space if s.best_so_far is not None and s.best_so_far < cut}
+
+
+def _by_best(space: Sequence[Subspace]) -> list[Subspace]:
+    """The subspaces, best score so far first (unscored last, in their order)."""
+    return sorted(space, key=lambda s: -s.best_so_far if s.best_so_far is not None else math.inf)
 
 
 def make_sampler(

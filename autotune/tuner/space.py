@@ -343,6 +343,30 @@ def _knob_dims(
     return tuple(sorted(dims.items(), key=lambda item: name_position(item[0])))
 
 
+def recommended_point(
+    dims: tuple[tuple[str, tuple[Any, ...]], ...], current: Mapping[str, Any]
+) -> tuple[tuple[str, Any], ...] | None:
+    """The knob values established practice sets (:attr:`Knob.recommended`), the config's own
+    elsewhere; None where no recommendation applies (that point is the config's own, run in
+    the micro-batch phase already) or a value is not among those searched.
+
+    Example:
+        >>> dims = (("zero_optimization.reduce_bucket_size", (10, 100)),
+        ...         ("zero_optimization.overlap_comm", (False, True)))
+        >>> recommended_point(dims, {"zero_optimization.reduce_bucket_size": 100,
+        ...                          "zero_optimization.overlap_comm": False})
+        (('zero_optimization.reduce_bucket_size', 100), ('zero_optimization.overlap_comm', True))
+    """
+    point = []
+    for key, values in dims:
+        recommended = KNOB_BY_KEY[key].recommended
+        value = recommended if recommended is not None else current.get(key)
+        if value not in values:
+            return None
+        point.append((key, value))
+    return tuple(point) if any(v != current.get(k) for k, v in point) else None
+
+
 def _prefer_current(
     values: tuple[Any, ...], current: Any, num_params: int | None
 ) -> tuple[Any, ...]:

@@ -67,7 +67,13 @@ from autotune.tuner.ranking import (
     within_noise,
 )
 from autotune.tuner.samplers import DEFER_BEHIND, Point, Sampler, Subspace, make_sampler
-from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
+from autotune.tuner.space import (
+    TuningSpace,
+    Variant,
+    VariantPlan,
+    build_space,
+    recommended_point,
+)
 from autotune.tuner.summary import TuningSummary
 
 if TYPE_CHECKING:
@@ -448,6 +454,10 @@ class Tuner:
             return None
         points = Subspace(plan.variant.label, plan.knobs).points()
         random.Random(self._tuning.seed).shuffle(points)
+        recommended = self._recommended(plan)
+        if recommended is not None:  # what practice recommends goes first
+            points.remove(recommended)
+            points.insert(0, recommended)
         names = [self._register(plan.variant, size, p.values) for p in points[:FAVOURITE_KNOBS]]
         # Early stopping holds here too: no better than the variant's micro-batch runs after
         # ``tuner_early_stopping`` of them (in flight counting as no better) ends the burst.
@@ -466,6 +476,11 @@ class Tuner:
         if not improved and len(tried) >= self._tuning.tuner_early_stopping:
             return None
         return next((n for n in names if self._is_open(n)), None)
+
+    def _recommended(self, plan: VariantPlan) -> Point | None:
+        """The knob point practice recommends for ``plan`` (see :func:`recommended_point`)."""
+        values = recommended_point(plan.knobs, self._space.base)
+        return None if values is None else Point(plan.variant.label, values)
 
     def _probe_size(self, plan: VariantPlan) -> int | None:
         """The next micro-batch in the search for the largest that fits ``plan``'s variant.
@@ -556,7 +571,12 @@ class Tuner:
             size = self._best_micro_batch(plan)
             if size is None or not plan.knobs:
                 continue
-            subspace = Subspace(plan.variant.label, plan.knobs, self._best_score(plan.variant))
+            subspace = Subspace(
+                plan.variant.label,
+                plan.knobs,
+                self._best_score(plan.variant),
+                self._recommended(plan),
+            )
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._register(plan.variant, size, point.values)
@@ -683,7 +703,6 @@ class Tuner:
             self._tuning.tuner_type,
             self._tuning.seed,
             self._model_info,
-            self._config.world_size,
         )
 
     def _add_size_names(self, space: TuningSpace) -> None:
@@ -960,7 +979,6 @@ def variant_order(
     tuner_type: TunerType | str,
     seed: int,
     model_info: ModelInfo | None = None,
-    world_size: int = 1,
 ) -> list[VariantPlan]:
     """The order in which variants get their largest micro-batch searched.
 
@@ -976,5 +994,5 @@ def variant_order(
     elif kind is TunerType.model_based:
         from autotune.tuner.prior import predicted_throughput
 
-        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info, world_size))
+        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info))
     return plans

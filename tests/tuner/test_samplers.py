@@ -65,3 +65,33 @@ def test_each_tuner_searches_the_variants_in_its_own_order() -> None:
     assert prior == ["z2", "z1", "z3", "z0"]
     first = Tuner(config, MODEL, device_memory_bytes=budget).ask()
     assert first is not None and first.name.startswith("z2_")
+
+
+def test_what_practice_recommends_comes_first_the_best_variants_first() -> None:
+    recommended = {s.label: s.points()[-1] for s in SPACE}
+    space = [
+        Subspace(s.label, s.dims, best_so_far=score, preferred=recommended[s.label])
+        for s, score in zip(SPACE, (90.0, 100.0), strict=True)
+    ]
+    sampler = OptunaSampler(space, seed=5)
+    run: set[Point] = set()
+    for _ in range(2):
+        point = sampler.ask(lambda p: p not in run)
+        assert point is not None
+        run.add(point)
+    assert run == set(recommended.values())
+    # RandomSampler (the random tuner) knows nothing of recommendations.
+    assert RandomSampler(space, seed=5).ask(lambda p: True) == RandomSampler(SPACE, 5).ask(
+        lambda p: True
+    )
+
+
+def test_at_equal_micro_batch_the_prior_puts_the_lower_stage_first() -> None:
+    # A generous budget: every stage fits the largest micro-batch, so the stages tie on size
+    # and the less partitioned one (less work per step) goes first.
+    raw = {"autotuning": {"max_train_micro_batch_size_per_gpu": 4}}
+    config = load_config(raw, 2)
+    plans = build_space(config, MODEL, 64 * 2**30).plans
+    assert {p.start for p in plans} == {4}
+    prior = [p.variant.label for p in variant_order(plans, "model_based", 0, MODEL)]
+    assert prior == ["z0", "z1", "z2", "z3"]
