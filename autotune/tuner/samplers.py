@@ -151,11 +151,16 @@ class OptunaSampler:
         self._num_random = num_random
         self._random = RandomSampler(space, seed)
         deferred = _deferred(space)
-        self._random._order.sort(key=lambda p: p.label in deferred)  # stable: random otherwise
-        preferred = [s.preferred for s in _by_best(space) if s.preferred is not None]
-        preferred = [p for p in preferred if p.label not in deferred]
-        rest = [p for p in self._random._order if p not in preferred]
-        self._random._order = preferred + rest
+        preferred = {
+            s.preferred: rank
+            for rank, s in enumerate(_by_best(space))
+            if s.preferred is not None and s.label not in deferred
+        }
+        # Preferred points first (best subspace first), deferred subspaces last; the sort is
+        # stable, so the seeded random order holds otherwise.
+        self._random._order.sort(
+            key=lambda p: (p not in preferred, preferred.get(p, 0), p.label in deferred)
+        )
         self._asked: dict[Point, Any] = {}  # optuna.Trial
         self._worst = 0.0
         with warnings.catch_warnings():
