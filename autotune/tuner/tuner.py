@@ -553,7 +553,12 @@ class Tuner:
         for plan in self._space.plans:
             largest = self._largest_fit(plan.variant)
             if largest is None:
-                self._pruned.setdefault(plan.variant.label, "no micro-batch ran ok")
+                # Never run is not the same as nothing fits: the trial cap or the time budget
+                # can end the search before it reaches a variant.
+                reason = "not searched: the search ended first"
+                if plan.variant in self._size_runs:
+                    reason = "no micro-batch ran ok"
+                self._pruned.setdefault(plan.variant.label, reason)
                 continue
             # Largest first: the grid tries large micro-batches (usually fastest) first.
             sizes = plan.compared_sizes(largest)

@@ -9,7 +9,7 @@ import pytest
 from autotune.config import load_config
 from autotune.tuner import Phase, Tuner
 from tests.tuner.landscape import MODEL, Landscape, drive, true_largest_fit
-from tests.tuner.tuners import fast_tuner
+from tests.tuner.tuners import fast_tuner, small_tuner
 
 
 def test_fast_stops_after_stages_and_micro_batches() -> None:
@@ -111,3 +111,10 @@ def test_model_based_measures_its_favourite_variant_whole_before_searching_the_n
     assert largest in sizes and sizes[-2:] == [largest // 2, largest // 4]
     grid = fast_tuner(Landscape().budget_bytes, tuner_early_stopping=99)
     assert sorted(c.name for c in asked) == sorted(c.name for c in drive(grid, Landscape()))
+
+
+def test_a_variant_the_trial_cap_never_reached_is_not_called_one_where_nothing_fits() -> None:
+    tuner = small_tuner("gridsearch", tuner_num_trials=2)
+    asked = drive(tuner, Landscape())
+    assert {c.stage for c in asked} == {1}  # the cap ended the search inside stage 1
+    assert tuner.summary().pruned["z2"] == "not searched: the search ended first"
