@@ -40,13 +40,12 @@ from autotune.config import Metric, load_config
 from autotune.config.sizes import parse_size
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult
-from autotune.runner.table import Replay, replay
+from autotune.runner.table import WITHIN, Replay, replay
 from autotune.tuner import Candidate, Ranked, rank, repeat_name, split_repeat
 from autotune.tuner.ranking import relative_noise
 from autotune.tuning import Runner, TuningEvent, TuningJob, experiment_spec, tune
 
 TARGET = 0.97
-WITHIN = 0.98  # the replay's goal: within 2% of the table's best
 TUNERS = ("gridsearch", "random", "model_based")
 LANDSCAPES = Path(__file__).resolve().parents[1] / "results" / "landscapes"
 

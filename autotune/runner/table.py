@@ -19,12 +19,17 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
 from autotune.tuner.naming import split_repeat
 
+if TYPE_CHECKING:
+    from autotune.tuning import TuningJob
+
 LANDSCAPE_FORMAT = 1
+# The benchmark's line: a tuner's choice counts when within 2% of the table's best.
+WITHIN = 0.98
 _SIZE = re.compile(r"_mbs(?P<size>\d+)")
 
 
@@ -199,25 +204,32 @@ class Replay:
         return self.final is not None and self.final >= fraction * self.best
 
 
-def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: Any) -> Replay:
-    """Tune the table's job with ``tuner_type`` against the table (``seed`` seeds both).
-
-    ``autotuning`` overrides keys of the table's ``autotuning`` section.
-    """
+def landscape_job(table: Mapping[str, Any], **autotuning: Any) -> TuningJob:
+    """The tuning job a landscape was measured for, ``autotuning`` keys overridden."""
     from autotune.config import load_config
-    from autotune.profiling.model_info import ModelInfo
-    from autotune.tuner import Tuner
-    from autotune.tuning import TuningJob, experiment_spec
+    from autotune.tuning import TuningJob
 
     how = table["how"]
     spec = json.loads(json.dumps(how["config"]))
-    spec["autotuning"].update(tuner_type=tuner_type, seed=seed, **autotuning)
-    job = TuningJob(
+    spec["autotuning"].update(autotuning)
+    return TuningJob(
         config=load_config(spec, world_size=how["world_size"]),
         workload=how["workload"],
         workload_args=how["workload_args"],
         device_memory_bytes=how["device_memory_bytes"],
     )
+
+
+def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: Any) -> Replay:
+    """Tune the table's job with ``tuner_type`` against the table (``seed`` seeds both).
+
+    ``autotuning`` overrides keys of the table's ``autotuning`` section.
+    """
+    from autotune.profiling.model_info import ModelInfo
+    from autotune.tuner import Tuner
+    from autotune.tuning import experiment_spec
+
+    job = landscape_job(table, tuner_type=tuner_type, seed=seed, **autotuning)
     tuner = Tuner(
         job.config, ModelInfo(**table["model_info"]), device_memory_bytes=job.memory_budget
     )

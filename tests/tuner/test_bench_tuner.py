@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import doctest
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -13,18 +11,12 @@ import pytest
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.tuner import Tuner
-
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "bench_tuner.py"
+from tests.experiment_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_tuner", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_tuner")
 
 
 def measured(name: str, samples_per_s: float) -> ExperimentResult:

@@ -1,0 +1,110 @@
+"""experiments/landscape.py's refinement of a table's top, with a runner that answers from a
+fixed table of values (no experiment runs)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
+from autotune.runner.table import tuning_config
+from tests.experiment_scripts import load_script
+
+# ±5% a measurement; "near" sits on the 2% line, "far" well below it.
+MEDIANS = {"z0_mbs4": 100.0, "z1_mbs4": 97.9, "z2_mbs4": 70.0}
+SPREAD = (0.95, 1.0, 1.05)
+
+
+@pytest.fixture(scope="module")
+def landscape() -> ModuleType:
+    return load_script("landscape")
+
+
+class MediansRunner:
+    """Every experiment measures its configuration's median, spread as SPREAD in turn."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        self.ran.append(spec.name)
+        factor = SPREAD[self.ran.count(spec.name) % len(SPREAD)]
+        value = MEDIANS[spec.name] * factor
+        metrics = Metrics.from_window([8 / value], 8, 1e9, peak_memory_bytes=0)
+        return ExperimentResult(spec.name, Status.ok, metrics)
+
+    def __enter__(self) -> MediansRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def write_table(path: Path) -> None:
+    configs = {
+        name: {
+            "overrides": {
+                "zero_optimization.stage": int(name[1]),
+                "train_micro_batch_size_per_gpu": 4,
+            },
+            "status": "ok",
+            "throughput": [median * f for f in SPREAD],
+            "duration_s": [1.0] * 3,
+        }
+        for name, median in MEDIANS.items()
+    }
+    how = {
+        "workload": "gpt",
+        "workload_args": {},
+        "world_size": 2,
+        "device_memory_bytes": None,
+        "config": tuning_config([0, 1, 2], max_micro_batch=4),
+        "repeats": 3,
+    }
+    model_info = {
+        "num_params": 1,
+        "param_bytes": 4,
+        "activation_bytes_per_sample": 1,
+        "flops_per_sample": 1.0,
+    }
+    path.write_text(json.dumps({"how": how, "model_info": model_info, "configs": configs}))
+
+
+def test_refining_measures_only_the_unresolved_top_until_it_is_resolved(
+    landscape: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "table.json"
+    write_table(path)
+    runner = MediansRunner()
+    monkeypatch.setattr(landscape, "_runner", lambda kind: runner)
+    landscape.refine(path, rounds=3, runner_kind="ray")
+    table = json.loads(path.read_text())
+    # The far one is resolved from the start; the leader and the one on the line race.
+    assert set(runner.ran) == {"z0_mbs4", "z1_mbs4"} and len(runner.ran) == 6
+    assert [len(table["configs"][n]["throughput"]) for n in MEDIANS] == [6, 6, 3]
+    refined = table["how"]["refined"]
+    assert refined["rounds"] == 3 and refined["unresolved_after"] == ["z0_mbs4", "z1_mbs4"]
+
+
+def test_a_resolved_table_is_left_as_it_is(
+    landscape: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "table.json"
+    write_table(path)
+    table = json.loads(path.read_text())
+    table["configs"]["z1_mbs4"]["throughput"] = [80.0 * f for f in SPREAD]  # clearly below
+    path.write_text(json.dumps(table))
+    runner = MediansRunner()
+    monkeypatch.setattr(landscape, "_runner", lambda kind: runner)
+    landscape.refine(path, rounds=3, runner_kind="ray")
+    assert runner.ran == []
+    assert json.loads(path.read_text())["how"]["refined"]["rounds"] == 0
+
+
+def test_the_examples_in_the_script_hold(landscape: ModuleType) -> None:
+    failed, attempted = doctest.testmod(landscape)
+    assert attempted > 0 and failed == 0
