@@ -620,9 +620,11 @@ class Tuner:
         """Queue more re-measurements once a round is done; True if any.
 
         Repeats pull lucky first measurements down to their median, so a configuration
-        measured once can overtake them; it earns repeats too, up to twice
-        ``num_remeasure`` configurations in all, so the declared best is one that was
-        repeated and no single lucky measurement stands above it unchecked. Then the race
+        measured once can overtake them; and one measured unluckily low may trail the leader
+        by less than the noise the repeats show (:func:`could_be_better`). Either earns
+        repeats too, best first, up to twice ``num_remeasure`` configurations in all, so the
+        declared best is one that was repeated, no single lucky measurement stands above it
+        unchecked and no single unlucky one rules a rival out. Then the race
         (:meth:`_race`).
         """
         limit = self._tuning.num_remeasure
@@ -630,7 +632,17 @@ class Tuner:
         ranking = [
             r for r in rank(self._results.values(), self._tuning.metric) if r.name in self._entries
         ]
-        newcomers = [r.name for r in ranking[:limit] if r.name not in repeated]
+        contenders = ranking[:limit]
+        noise = relative_noise([r for r in ranking if r.name in repeated])
+        if noise is not None and ranking:
+            contenders += [
+                r
+                for r in ranking[limit:]
+                if could_be_better(
+                    ranking[0], r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
+                )
+            ]
+        newcomers = [r.name for r in contenders if r.name not in repeated]
         newcomers = newcomers[: max(0, MAX_REMEASURE_FACTOR * limit - len(repeated))]
         self._repeats += [
             repeat_name(name, index)

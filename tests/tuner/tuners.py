@@ -12,13 +12,13 @@ from tests.tuner.landscape import MODEL, FakeClock, Landscape
 TUNERS = ("gridsearch", "random", "model_based")
 
 
-def small_config(tuner_type: str, **autotuning: Any) -> Config:
+def small_config(tuner_type: str, stages: tuple[int, ...] = (1, 2), **autotuning: Any) -> Config:
     """Stages 1 and 2, three micro-batches each, two knobs the user lists: 24 points."""
     return load_config(
         {
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
             "zero_optimization": {
-                "stage": [1, 2],
+                "stage": list(stages),
                 "reduce_bucket_size": [1_000_000, 20_000_000],
                 "overlap_comm": [False, True],
             },
@@ -35,10 +35,14 @@ def small_config(tuner_type: str, **autotuning: Any) -> Config:
 
 
 def small_tuner(
-    tuner_type: str, clock: FakeClock | None = None, storage: str | None = None, **autotuning: Any
+    tuner_type: str,
+    clock: FakeClock | None = None,
+    storage: str | None = None,
+    stages: tuple[int, ...] = (1, 2),
+    **autotuning: Any,
 ) -> Tuner:
     return Tuner(
-        small_config(tuner_type, **autotuning),
+        small_config(tuner_type, stages, **autotuning),
         MODEL,
         device_memory_bytes=Landscape().budget_bytes,
         clock=clock or FakeClock(),
