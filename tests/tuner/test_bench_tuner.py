@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import math
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -102,3 +103,18 @@ def test_remeasures_round_by_round_and_reports(
 def test_the_examples_in_the_script_hold(bench: ModuleType) -> None:
     failed, attempted = doctest.testmod(bench)
     assert failed == 0 and attempted >= 2
+
+
+def test_a_landscapes_shape_says_what_ending_within_2pct_costs(bench: ModuleType) -> None:
+    spread = (0.9, 1.0, 1.1)  # one measurement ±10%
+    medians = {"best": 100.0, "tie": 99.0, "below": 97.0, "far": 50.0}
+    configs = {
+        name: {"status": "ok", "throughput": [m * f for f in spread]} for name, m in medians.items()
+    }
+    configs["oom"] = {"status": "oom", "throughput": []}
+    shape = bench.landscape_shape({"configs": configs})
+    assert (shape["ok"], shape["within_2pct"]) == (4, 2)
+    assert shape["best_over_median"] == pytest.approx(100 / 98)
+    assert shape["best_margin"] == pytest.approx(math.log(100 / 97))
+    # Two medians 3% apart at ±10% a measurement: about 2 (1.28 x 1.25 x 0.1 / 0.03)^2 each.
+    assert 50 <= shape["repeats_to_separate"] <= 70

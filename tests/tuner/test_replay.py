@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.experiment import Status
-from autotune.runner.table import MissingMeasurement, TableRunner, replay
+from autotune.runner.table import WITHIN, MissingMeasurement, TableRunner, replay
+from tests.experiment_scripts import load_script
 from tests.specs import job_spec
 
 LANDSCAPES = sorted((Path(__file__).resolve().parents[2] / "results" / "landscapes").glob("*.json"))
@@ -97,32 +98,35 @@ REPLAY_SEEDS = range(12)
 
 
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
-def test_every_tuner_ends_far_above_the_median_configuration(path: Path) -> None:
-    # Each landscape's median configuration is worth at most 0.6 of its best; a tuner that
+def test_each_landscapes_top_is_refined_to_within_2pct(path: Path) -> None:
+    # experiments/landscape.py --refine raced the configurations near the 2% line, so the
+    # best median is known to better than 2% (one measurement alone varies 7-10% here).
+    table = json.loads(path.read_text())
+    assert table["how"]["refined"]["rounds"] > 0
+    assert load_script("bench_tuner").landscape_shape(table)["best_uncertainty"] <= 0.02
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_every_tuner_ends_in_the_top_region(path: Path) -> None:
+    # Each landscape's median configuration is worth at most 0.83 of its best; a tuner that
     # searched the wrong stage, kept a too-small micro-batch or declared a lucky measurement
-    # best ends near the median. Which of the top few is best is within the tables' own noise
-    # (see the README), so this asks for the top region, not the top one.
+    # best ends near it. Which of the top few is best is within one measurement's noise (see
+    # the README), so this asks for the top region, not the top one.
     table = json.loads(path.read_text())
     for tuner_type in ("gridsearch", "random", "model_based"):
         finals = [replay(table, tuner_type, s) for s in REPLAY_SEEDS]
         shares = [(r.final or 0.0) / r.best for r in finals]
         print(f"{path.stem} {tuner_type}: final/best median {statistics.median(shares):.3f}")
-        assert statistics.median(shares) >= 0.7
+        assert statistics.median(shares) >= 0.95
 
 
-@pytest.mark.parametrize("stem", ["gpt_vocab_80mib", "mlp_wide_256mib"])
-def test_model_based_reaches_the_best_in_half_randoms_experiments(stem: str) -> None:
-    # On these two tables the top 2% is one configuration the prior can point at: ZeRO-0 at
-    # its largest micro-batch (gpt_vocab: stages 0 and 1 fit alike) and ZeRO-2 with
-    # overlap_comm (mlp: every stage fits the largest). gpt_long's top 2% is one stage-2 knob
-    # combination of 72, drawn by the table's noise (another four after 5 of its 10 rounds),
-    # which no prior points at.
-    table = json.loads((LANDSCAPES[0].parent / f"{stem}.json").read_text())
-    never = 10_000
-
-    def median_reach(tuner_type: str) -> float:
-        reach = [replay(table, tuner_type, s).experiments_to(0.98) or never for s in range(5)]
-        return statistics.median(reach)
-
-    model_based = median_reach("model_based")
-    assert model_based <= 12 and model_based <= median_reach("random") / 2
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
+def test_model_based_reaches_within_2pct_of_the_best_in_at_most_12_experiments(
+    path: Path,
+) -> None:
+    # The issue's bound (DeepSpeed's fast mode needed 9-34 on its published models). Every
+    # tuner gets there in 2-5 on these tables: each stage's largest micro-batch, which every
+    # search runs first, is within a few per cent of the best.
+    table = json.loads(path.read_text())
+    reach = [replay(table, "model_based", s).experiments_to(WITHIN) or 10_000 for s in range(5)]
+    assert statistics.median(reach) <= 12
