@@ -136,7 +136,7 @@ def extend(path: Path, rounds: int, runner_kind: str) -> None:
     info = ModelInfo(**table["model_info"])
     ok = {n: c["overrides"] for n, c in table["configs"].items() if c["status"] == "ok"}
     started = time.monotonic()
-    with _runner(runner_kind) as runner:
+    with _runner(runner_kind, job) as runner:
         measured = measure(job, info, runner, ok, rounds)
     _append(table, measured)
     how["repeats"] += rounds
@@ -197,7 +197,7 @@ def refine(path: Path, rounds: int, runner_kind: str) -> None:
     info = ModelInfo(**table["model_info"])
     started = time.monotonic()
     done = 0
-    with _runner(runner_kind) as runner:
+    with _runner(runner_kind, job) as runner:
         for done in range(1, rounds + 1):
             names = unresolved(table)
             if not names:
@@ -229,11 +229,12 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def _runner(kind: str) -> Any:
+def _runner(kind: str, job: TuningJob) -> Any:
     if kind == "ray":
         from autotune.runner.ray_runner import RayRunner
 
-        return RayRunner(num_cpus=2)
+        # Every rank's cores and no more: a table measures one experiment at a time.
+        return RayRunner(num_cpus=job.world_size * job.cpus_per_rank)
     from autotune.runner import LocalRunner
 
     return LocalRunner()
@@ -255,6 +256,8 @@ def main() -> None:
     parser.add_argument("--start-profile-step", type=int, default=2)
     parser.add_argument("--end-profile-step", type=int, default=4)
     parser.add_argument("--runner", choices=["ray", "local"], default="ray")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--cpus-per-rank", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--note", default="", help="conditions worth recording")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -279,14 +282,15 @@ def main() -> None:
     )
     workload_args = parse_workload_args(args.workload_arg)
     job = TuningJob(
-        config=load_config(spec, world_size=2),
+        config=load_config(spec, world_size=args.world_size),
         workload=args.workload,
         workload_args=workload_args,
         device_memory_bytes=parse_size(args.device_memory),
+        cpus_per_rank=args.cpus_per_rank,
     )
     info = model_info(resolve_workload(args.workload, workload_args), 1)
     started = time.monotonic()
-    with _runner(args.runner) as runner:
+    with _runner(args.runner, job) as runner:
         _, probes = probe_largest_micro_batches(job, info, runner)
         configs = grid(job, info, probes)
         print(f"{len(configs)} configurations x {args.repeats} repeats", flush=True)
@@ -296,7 +300,8 @@ def main() -> None:
         "how": {
             "workload": args.workload,
             "workload_args": workload_args,
-            "world_size": 2,
+            "world_size": args.world_size,
+            "cpus_per_rank": args.cpus_per_rank,
             "device_memory_bytes": job.memory_budget,
             "config": spec,
             "repeats": args.repeats,

@@ -217,6 +217,7 @@ def landscape_job(table: Mapping[str, Any], **autotuning: Any) -> TuningJob:
         workload=how["workload"],
         workload_args=how["workload_args"],
         device_memory_bytes=how["device_memory_bytes"],
+        cpus_per_rank=how.get("cpus_per_rank", 1),  # tables before it was recorded: 1
     )
 
 

@@ -80,7 +80,7 @@ def test_refining_measures_only_the_unresolved_top_until_it_is_resolved(
     path = tmp_path / "table.json"
     write_table(path)
     runner = MediansRunner()
-    monkeypatch.setattr(landscape, "_runner", lambda kind: runner)
+    monkeypatch.setattr(landscape, "_runner", lambda kind, job: runner)
     landscape.refine(path, rounds=3, runner_kind="ray")
     table = json.loads(path.read_text())
     # The far one is resolved from the start; the leader and the one on the line race.
@@ -99,7 +99,7 @@ def test_a_resolved_table_is_left_as_it_is(
     table["configs"]["z1_mbs4"]["throughput"] = [80.0 * f for f in SPREAD]  # clearly below
     path.write_text(json.dumps(table))
     runner = MediansRunner()
-    monkeypatch.setattr(landscape, "_runner", lambda kind: runner)
+    monkeypatch.setattr(landscape, "_runner", lambda kind, job: runner)
     landscape.refine(path, rounds=3, runner_kind="ray")
     assert runner.ran == []
     assert json.loads(path.read_text())["how"]["refined"]["rounds"] == 0
