@@ -262,6 +262,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.extend or args.refine:
+        if not args.out.is_file():
+            parser.error(f"--out {args.out}: no landscape there to extend or refine")
         if args.extend:
             extend(args.out, args.extend, args.runner)
         if args.refine:
