@@ -25,12 +25,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from landscape import measure  # type: ignore[import-not-found]
+from landscape import measure, ray_runner  # type: ignore[import-not-found]
 
 from autotune.profiling.model_info import ModelInfo
 from autotune.runner.rank import STEADY_ALLOCATOR_ENV
-from autotune.runner.ray_runner import RayRunner
-from autotune.runner.table import landscape_job
+from autotune.runner.table import landscape_job, measured_configs
 from autotune.tuner import Ranked
 from autotune.tuner.ranking import relative_noise
 
@@ -39,13 +38,8 @@ MODES = {"default": "0", "steady": "1"}
 
 def top_configs(table: dict[str, Any], count: int) -> dict[str, dict[str, Any]]:
     """The table's ``count`` best configurations by median: name → overrides."""
-    medians = {
-        name: statistics.median(entry["throughput"])
-        for name, entry in table["configs"].items()
-        if entry["status"] == "ok" and entry["throughput"]
-    }
-    best = sorted(medians, key=medians.__getitem__, reverse=True)[:count]
-    return {name: table["configs"][name]["overrides"] for name in best}
+    best = measured_configs(table)[:count]
+    return {r.name: table["configs"][r.name]["overrides"] for r in best}
 
 
 def measure_cluster(
@@ -53,10 +47,9 @@ def measure_cluster(
 ) -> dict[str, list[float]]:
     """Every configuration ``rounds`` times in one fresh Ray cluster, allocator in ``mode``."""
     os.environ[STEADY_ALLOCATOR_ENV] = MODES[mode]  # the cluster's workers inherit it
-    with RayRunner(num_cpus=2) as runner:
-        results = measure(
-            landscape_job(table), ModelInfo(**table["model_info"]), runner, configs, rounds
-        )
+    job = landscape_job(table)
+    with ray_runner(job) as runner:
+        results = measure(job, ModelInfo(**table["model_info"]), runner, configs, rounds)
     return {
         name: [r.metrics.throughput for r in runs if r.ok and r.metrics]
         for name, runs in results.items()

@@ -40,7 +40,7 @@ from autotune.config import Metric, load_config
 from autotune.config.sizes import parse_size
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult
-from autotune.runner.table import WITHIN, Replay, replay
+from autotune.runner.table import WITHIN, Replay, measured_configs, replay
 from autotune.tuner import Candidate, Ranked, rank, repeat_name, split_repeat
 from autotune.tuner.ranking import relative_noise
 from autotune.tuning import Runner, TuningEvent, TuningJob, experiment_spec, tune
@@ -261,12 +261,8 @@ def landscape_shape(table: Mapping[str, Any]) -> dict[str, Any]:
     medians). A lower bound on what ending within 2% 9 times in 10 costs: a tuner must also
     find the two, and rule out every other configuration near the line.
     """
-    measured = [
-        Ranked(name, statistics.median(entry["throughput"]), tuple(entry["throughput"]), 0)
-        for name, entry in table["configs"].items()
-        if entry["status"] == "ok" and entry["throughput"]
-    ]
-    best = max(measured, key=lambda r: r.value)
+    measured = measured_configs(table)
+    best = measured[0]
     noise = relative_noise(measured) or 0.0
     inside = [r for r in measured if r.value >= WITHIN * best.value]
     below = [r.value for r in measured if r.value < WITHIN * best.value]

@@ -52,7 +52,13 @@ from autotune.config import load_config
 from autotune.config.sizes import parse_size
 from autotune.experiment import ExperimentResult
 from autotune.profiling.model_info import ModelInfo
-from autotune.runner.table import LANDSCAPE_FORMAT, WITHIN, landscape_job, tuning_config
+from autotune.runner.table import (
+    LANDSCAPE_FORMAT,
+    WITHIN,
+    landscape_job,
+    measured_configs,
+    tuning_config,
+)
 from autotune.tuner import Phase, Ranked, Tuner, build_space
 from autotune.tuner.ranking import relative_noise
 from autotune.tuning import TuningJob, experiment_spec
@@ -168,14 +174,7 @@ def unresolved(
         >>> unresolved(table({"lead": 100, "tie": 99.8, "behind": 90}, 30))
         []
     """
-    ranked = sorted(
-        (
-            Ranked(name, statistics.median(entry["throughput"]), tuple(entry["throughput"]), 0)
-            for name, entry in table["configs"].items()
-            if entry["status"] == "ok" and entry["throughput"]
-        ),
-        key=lambda r: -r.value,
-    )
+    ranked = measured_configs(table)
     noise = relative_noise(ranked) or 0.0
     leader, line = ranked[0], -math.log(within)
 
@@ -229,12 +228,17 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
+def ray_runner(job: TuningJob) -> Any:
+    """A fresh Ray cluster with every rank's cores and no more: a table measures one
+    experiment at a time."""
+    from autotune.runner.ray_runner import RayRunner
+
+    return RayRunner(num_cpus=job.world_size * job.cpus_per_rank)
+
+
 def _runner(kind: str, job: TuningJob) -> Any:
     if kind == "ray":
-        from autotune.runner.ray_runner import RayRunner
-
-        # Every rank's cores and no more: a table measures one experiment at a time.
-        return RayRunner(num_cpus=job.world_size * job.cpus_per_rank)
+        return ray_runner(job)
     from autotune.runner import LocalRunner
 
     return LocalRunner()

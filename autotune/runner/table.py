@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
 from autotune.tuner.naming import split_repeat
+from autotune.tuner.ranking import Ranked
 
 if TYPE_CHECKING:
     from autotune.tuning import TuningJob
@@ -58,6 +59,25 @@ def tuning_config(
             "num_remeasure": 2,
         },
     }
+
+
+def measured_configs(table: Mapping[str, Any]) -> list[Ranked]:
+    """The table's configurations that ran ok, each with its measurements (throughput), best
+    median first.
+
+    Example:
+        >>> table = {"configs": {"a": {"status": "ok", "throughput": [9.0, 10.0, 12.0]},
+        ...                      "b": {"status": "ok", "throughput": [20.0]},
+        ...                      "c": {"status": "oom", "throughput": []}}}
+        >>> [(r.name, r.value) for r in measured_configs(table)]
+        [('b', 20.0), ('a', 10.0)]
+    """
+    measured = [
+        Ranked(name, statistics.median(entry["throughput"]), tuple(entry["throughput"]), 0)
+        for name, entry in table["configs"].items()
+        if entry["status"] == "ok" and entry["throughput"]
+    ]
+    return sorted(measured, key=lambda r: -r.value)
 
 
 class MissingMeasurement(KeyError):
