@@ -16,6 +16,7 @@ On gloo ``allgather_partitions`` therefore changes nothing but the name in the l
 from __future__ import annotations
 
 import os
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,7 +80,11 @@ class Communicator:
         # without it nothing is sent, as in a process that never made a group.
         if group is not None and dist.get_world_size(group) == 1:
             group = None
-        self.group = group
+        # Weakly: once the group is destroyed nothing may keep it alive. A ProcessGroup that
+        # outlives destroy_process_group keeps its connections open (a warm process would never
+        # tell a peer that it left) and is torn down during interpreter shutdown, where gloo
+        # aborts the process after a script that trained fine.
+        self._group = weakref.ref(group) if group is not None else None
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world_size = dist.get_world_size(group) if group is not None else 1
         self.log = CollectiveLog()
@@ -93,6 +98,21 @@ class Communicator:
         # Receive buffers of all-to-alls, reused: a fresh buffer of tens of MB costs as much in
         # page faults as sending it.
         self._free: list[torch.Tensor] = []
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The group (None for a world of one).
+
+        Raises:
+            RuntimeError: the group was destroyed (at exit, or by the caller) and the engine
+                is used after it.
+        """
+        if self._group is None:
+            return None
+        group = self._group()
+        if group is None:
+            raise RuntimeError("the engine's process group was destroyed; the engine cannot talk")
+        return group
 
     @property
     def stages_reduce_scatter(self) -> bool:
@@ -311,29 +331,6 @@ class Communicator:
             sent = value.cuda()
         dist.all_reduce(sent, group=self.group)
         return sent.to(value.device)
-
-
-def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
-    """The group to train over: the caller's, the default one, or one made from torchrun's env.
-
-    Returns ``None`` for a single process with no launcher, which then trains alone without
-    any collective.
-    """
-    if process_group is not None:
-        return process_group
-    if dist.is_available() and dist.is_initialized():
-        return dist.group.WORLD
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return None
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        # Before the group exists: NCCL binds its communicator to the current device, and
-        # every rank of a node would otherwise share GPU 0.
-        local_cuda_device()
-    # env:// reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them.
-    dist.init_process_group(backend, init_method="env://")
-    return dist.group.WORLD
 
 
 def local_cuda_device() -> torch.device:

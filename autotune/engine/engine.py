@@ -36,9 +36,9 @@ from torch import nn
 from autotune.config import Config, ConfigError, load_config
 from autotune.engine import checkpoint, hooks
 from autotune.engine.backward_span import engine_backward
-from autotune.engine.comm import Communicator, local_cuda_device, resolve_group
+from autotune.engine.comm import Communicator, local_cuda_device
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
-from autotune.engine.launch import ConfigSource, config_source, script_config
+from autotune.engine.launch import ConfigSource, config_source, resolve_group, script_config
 from autotune.engine.loss_scaler import build_loss_scaler
 from autotune.engine.master import MasterParams, OptimizerFactory, ParamGroups
 from autotune.engine.memory import ActivationTracker, MemoryTracker, tensor_bytes

@@ -2,13 +2,24 @@
 
 ``add_config_arguments`` and ``init_distributed`` are DeepSpeed's; ``config_source`` applies
 DeepSpeed's rule for where the config comes from (``config`` / ``config_params``, else
-``args.deepspeed_config``).
+``args.deepspeed_config``); ``resolve_group`` is the group ``initialize`` trains over.
+
+A default process group made here (by ``init_distributed``, or by ``initialize`` without
+one) is destroyed when the script ends (:func:`destroy_created_group`, at exit): most
+training scripts never destroy their group, and torch's gloo then tears a live group down
+during interpreter shutdown, which aborts the process (``terminate called without an active
+exception``) after a run that trained fine. A group the caller made stays theirs.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
+import functools
+import importlib
 import os
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +31,29 @@ from autotune.config import Config, ConfigError, read_json
 from autotune.engine.comm import local_cuda_device
 
 ConfigSource = str | Path | dict[str, Any] | Config
+
+# torch modules that bind the default process group as a default argument when first imported
+# (``def broadcast(tensor, src, group=group.WORLD)``). Imported while a group exists, they hold
+# it for the life of the process: destroy_process_group then closes none of its gloo
+# connections (a peer blocked in a collective is never told this rank has failed), and the
+# group is torn down during interpreter shutdown instead, where a gloo thread releasing its
+# last work aborts the process. torch.optim's first optimizer imports the first of them
+# (through torch._dynamo), so a group made before the engine's optimizer was always pinned.
+_MODULES_BINDING_THE_DEFAULT_GROUP = (
+    "torch.distributed.nn.functional",
+    "torch.distributed.optim.zero_redundancy_optimizer",
+    "torch.distributed.fsdp.sharded_grad_scaler",
+)
+
+
+def import_before_process_groups() -> None:
+    """Import the torch modules that would pin a process group, while none exists (once per
+    process; later calls cost a dictionary lookup each)."""
+    if dist.is_available() and dist.is_initialized():
+        return  # importing now would pin this group
+    for name in _MODULES_BINDING_THE_DEFAULT_GROUP:
+        with contextlib.suppress(ImportError):  # absent from this torch: nothing to pin
+            importlib.import_module(name)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -122,7 +156,53 @@ def init_distributed(
         os.environ.setdefault("MASTER_PORT", str(distributed_port))
     if backend == "nccl":
         local_cuda_device()  # before the group: NCCL binds to the current device
+    import_before_process_groups()
     dist.init_process_group(backend, init_method=init_method or "env://", **kwargs)
+    _remember_created_group()
+
+
+def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """The group to train over: the caller's, the default one, or one made from torchrun's env.
+
+    Returns ``None`` for a single process with no launcher, which then trains alone without
+    any collective.
+    """
+    if process_group is not None:
+        return process_group
+    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        init_distributed()  # env:// reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    return dist.group.WORLD if dist.is_initialized() else None
+
+
+# The default group this process made, weakly: a group destroyed and made again by someone
+# else is not ours, and a strong reference would keep a destroyed group's sockets open.
+_created_group: weakref.ref[dist.ProcessGroup] | None = None
+
+
+def _remember_created_group() -> None:
+    global _created_group
+    group = dist.group.WORLD
+    if group is not None:
+        _created_group = weakref.ref(group)
+        _destroy_at_exit()
+
+
+@functools.cache
+def _destroy_at_exit() -> None:
+    # Registered after torch's own exit handlers, so it runs before them (last in, first out).
+    atexit.register(destroy_created_group)
+
+
+def destroy_created_group() -> bool:
+    """Destroy the default group this process made, if it is still the default one, after
+    its pending GPU work; True if there was one. Called at exit."""
+    group = _created_group() if _created_group is not None else None
+    if group is None or not dist.is_initialized() or dist.group.WORLD is not group:
+        return False
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return True
 
 
 def _free_port() -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import importlib
 import os
 import time
 import traceback
@@ -23,18 +22,6 @@ from typing import Any, TypeVar
 from autotune.experiment import ExperimentSpec, Metrics, Status
 
 TRACEBACK_LINES = 12
-
-# torch modules that bind the default process group as a default argument when first imported
-# (``def broadcast(tensor, src, group=group.WORLD)``). Imported while an experiment's group
-# exists, they hold it for the life of the process: destroy_process_group then closes none of
-# its gloo connections, so a peer blocked in a collective is never told this rank has failed
-# and waits out the collective's timeout. torch.optim's first optimizer imports the first of
-# them (through torch._dynamo), so the first experiment of every fresh rank process hit this.
-_MODULES_BINDING_THE_DEFAULT_GROUP = (
-    "torch.distributed.nn.functional",
-    "torch.distributed.optim.zero_redundancy_optimizer",
-    "torch.distributed.fsdp.sharded_grad_scaler",
-)
 
 
 @dataclass
@@ -83,18 +70,6 @@ def set_rank_threads(num_threads: int) -> None:
     torch.set_num_threads(num_threads)
 
 
-def import_before_process_groups() -> None:
-    """Import the torch modules that would pin a process group, while none exists (a warm
-    process pays this once; later calls cost a dictionary lookup each)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return  # importing now would pin this group; the next experiment imports them
-    for name in _MODULES_BINDING_THE_DEFAULT_GROUP:
-        with contextlib.suppress(ImportError):  # absent from this torch: nothing to pin
-            importlib.import_module(name)
-
-
 def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
     """Run rank ``rank`` of ``spec`` in this process and report how it went.
 
@@ -110,6 +85,8 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
     steady_allocator()
     outcome = RankOutcome(rank=rank, status=Status.ok)
     try:
+        from autotune.engine.launch import import_before_process_groups
+
         import_before_process_groups()
         device = _device_for(rank)
         if spec.script is not None:

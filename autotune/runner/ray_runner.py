@@ -55,13 +55,7 @@ from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
 from autotune.runner.outcome import experiment_verdict
-from autotune.runner.rank import (
-    RankOutcome,
-    entries_set,
-    failure_outcome,
-    import_before_process_groups,
-    run_rank,
-)
+from autotune.runner.rank import RankOutcome, entries_set, failure_outcome, run_rank
 
 _WORKER_NICENESS = "RAY_worker_niceness"  # Ray's own spelling: its raylet reads this name
 
@@ -152,6 +146,8 @@ class _RankActor:
     def __init__(self, rank_fn: RankFn, num_threads: int, preload_torch: bool = True) -> None:
         if preload_torch:
             import torch  # the import a fresh launch pays every time, paid once here
+
+            from autotune.engine.launch import import_before_process_groups
 
             torch.set_num_threads(num_threads)
             import_before_process_groups()  # else paid inside the first experiment

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autotune.engine import comm
+from autotune.engine import comm, launch
 from autotune.engine.memory import MemoryTracker
 from autotune.runner import rank
 from tests.engine import engine_cases as cases
@@ -50,6 +50,7 @@ def test_torchrun_on_gpus_picks_the_local_gpu_before_nccl_starts(
 ) -> None:
     calls: list[Any] = []
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -59,7 +60,7 @@ def test_torchrun_on_gpus_picks_the_local_gpu_before_nccl_starts(
     monkeypatch.setattr(
         dist, "init_process_group", lambda backend, **kw: calls.append(("init", backend))
     )
-    comm.resolve_group(None)
+    launch.resolve_group(None)
     assert calls == [("gpu", 1), ("init", "nccl")]
 
 

@@ -3,46 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.torchrun import torchrun
 
 HERE = Path(__file__).parent
 RESUME_SCRIPT = HERE / "ds_resume_script.py"
 
 pytestmark = pytest.mark.multirank
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _torchrun(*script_args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for _attempt in range(3):
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(_free_port()),
-            *script_args,
-        ]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-        # The free port can be taken by another process before torchrun binds it.
-        if "address already in use" not in (done.stdout + done.stderr).lower():
-            break
-    return done
 
 
 def _ds_config(tmp_path: Path, stage: int) -> Path:
@@ -74,12 +44,12 @@ def test_deepspeed_script_resumes_like_an_uninterrupted_run(tmp_path: Path, stag
     config = _ds_config(tmp_path, stage)
     common = ["--deepspeed", "--deepspeed_config", str(config), "--save_dir", str(tmp_path)]
     if stage != 2:
-        done = _torchrun(str(RESUME_SCRIPT), *common)
+        done = torchrun(str(RESUME_SCRIPT), *common)
     else:
-        killed = _torchrun(str(RESUME_SCRIPT), *common, "--kill")
+        killed = torchrun(str(RESUME_SCRIPT), *common, "--kill")
         assert killed.returncode != 0, "the first run was to be killed after saving"
         assert (tmp_path / "latest").read_text() == "global_step3", killed.stderr
-        done = _torchrun(str(RESUME_SCRIPT), *common, "--resume_only")
+        done = torchrun(str(RESUME_SCRIPT), *common, "--resume_only")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(" resume ok: ") == 2, done.stdout + done.stderr
 
@@ -88,7 +58,7 @@ def test_a_script_shaped_like_deepspeedexamples_cifar_trains_unchanged() -> None
     """cifar10_deepspeed.py's calls as it makes them: its config dict (``cpu_offload``,
     ``prescale_gradients`` ...), ``get_accelerator().device_name(local_rank)``,
     ``fp16_enabled()`` for the input dtype, ZeRO-3, then ``eval()`` and a test pass."""
-    done = _torchrun(str(HERE / "cifar_script.py"), "--dtype", "fp16", "--stage", "3")
+    done = torchrun(str(HERE / "cifar_script.py"), "--dtype", "fp16", "--stage", "3")
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
         assert f"rank {rank}: device=cpu dtype=torch.float16 stage=3" in done.stdout

@@ -1,0 +1,58 @@
+"""A script on the built-in engine exits 0 although it never destroys its process group: the
+group autotune made is destroyed at exit, before interpreter shutdown (where torch's gloo
+aborts a process whose live group it tears down); a group the caller made stays theirs."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from autotune.engine import launch
+from tests.torchrun import free_port, torchrun
+
+EXIT_SCRIPT = Path(__file__).parent / "exit_script.py"
+RUNS_PER_STAGE = 10
+
+
+@pytest.mark.multirank
+def test_a_script_that_never_destroys_its_group_exits_cleanly_at_every_stage() -> None:
+    # Before the fix 9 runs in 20 ended in SIGABRT after their last step.
+    runs = [stage for stage in range(4) for _ in range(RUNS_PER_STAGE)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda stage: torchrun(str(EXIT_SCRIPT), "--zero", str(stage)), runs))
+    failed = [
+        f"stage {stage}: exit {run.returncode}: {run.stderr[-300:]}"
+        for stage, run in zip(runs, done, strict=True)
+        if run.returncode != 0
+    ]
+    assert not failed, "\n".join(failed)
+    assert all(run.stdout.count(" trained") == 2 for run in done)
+
+
+@pytest.fixture
+def lone_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_the_group_init_distributed_made_is_destroyed_at_exit(lone_process: None) -> None:
+    launch.init_distributed()
+    assert launch.destroy_created_group()
+    assert not dist.is_initialized()
+    assert not launch.destroy_created_group()  # once
+
+
+def test_a_group_the_caller_made_stays_theirs(lone_process: None) -> None:
+    launch.init_distributed()
+    dist.destroy_process_group()  # the caller tore ours down and made their own
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    assert not launch.destroy_created_group()
+    assert dist.is_initialized()
