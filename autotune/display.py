@@ -52,8 +52,8 @@ class Progress:
             metric = summary.metric
             if result.metrics is not None:
                 what = f"ok  {metric.display(metric.of(result.metrics))}"
-            else:
-                what = f"{result.status.value}  {result.error or ''}"[:100]
+            else:  # whole: the console wraps it at a word
+                what = f"{result.status.value}  {result.error or ''}"
             self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
             self.run_here += 1
         self.running = [f"{c.name} ({c.phase.value})" for c in event.running]
@@ -69,7 +69,7 @@ class Progress:
         table = Table.grid(padding=(0, 2))
         table.add_row(
             "experiments",
-            f"{done} done ({summary.num_failed} failed/oom), {summary.num_pruned} pruned, "
+            f"{done} done ({summary.num_failed} failed/oom), {summary.num_pruned} not run, "
             f"search capped at {self.num_trials}",
         )
         if summary.best is not None:
@@ -107,15 +107,36 @@ def ranked_table(summary: TuningSummary, top: int = 10) -> Table:
     return table
 
 
+# Names shown per reason a configuration did not run; summary.txt lists every one.
+NAMES_PER_REASON = 6
+
+
+def not_run_lines(summary: TuningSummary) -> list[str]:
+    """``not run: N``, then one line per reason: how many, why, and which."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in summary.pruned.items():
+        by_reason.setdefault(why, []).append(name)
+    lines = [f"not run: {summary.num_pruned}"]
+    for why, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(names[:NAMES_PER_REASON])
+        more = f" and {len(names) - NAMES_PER_REASON} more" if len(names) > NAMES_PER_REASON else ""
+        lines.append(f"  {len(names)} {why}: {shown}{more}")
+    return lines
+
+
 def print_report(console: Console, report: TuningReport) -> None:
     summary = report.summary
     console.print(ranked_table(summary))
     console.print(
         f"{summary.num_run} experiments ({report.num_resumed} from earlier runs), "
-        f"{summary.num_failed} failed or out of memory, {summary.num_pruned} pruned; "
+        f"{summary.num_failed} failed or out of memory; "
         f"stopped: {summary.stop_reason or 'search complete'}",
         highlight=False,
     )
+    for name, why in summary.failed.items():
+        console.print(f"  {name}: {why}", highlight=False, markup=False)
+    for line in not_run_lines(summary):
+        console.print(line, highlight=False, markup=False)
     if summary.top_two_within_noise:
         console.print("note: the top two are within measurement noise of each other")
     if report.optimal_config_path is not None:

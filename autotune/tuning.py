@@ -458,7 +458,7 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
     lines = [
         f"autotune: {job.label} at world size {job.world_size}, metric {metric}",
         f"experiments run: {summary.num_run} (failed {summary.num_failed}), "
-        f"pruned: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
+        f"not run: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
         f"stopped: {summary.stop_reason or 'search complete'}",
     ]
     if summary.best is None:
@@ -477,6 +477,9 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
         for variant, ranked in summary.best_per_variant.items():
             shown = summary.metric.display(ranked.value)
             lines.append(f"  {variant:12s} {ranked.name:40s} {metric} {shown}")
-    for name, why in {**summary.failed, **summary.pruned}.items():
-        lines.append(f"  {name}: {why}")
+    if summary.failed:
+        lines.append(f"failed: {summary.num_failed}")
+        lines += [f"  {name}: {why}" for name, why in summary.failed.items()]
+    lines.append(f"not run: {summary.num_pruned}")
+    lines += [f"  {name}: {why}" for name, why in summary.pruned.items()]
     return "\n".join(lines)

@@ -46,11 +46,33 @@ def parse_size(value: str | int | float) -> int:
     return size
 
 
-def format_size(num_bytes: float) -> str:
-    """``1536`` → ``"1.5 KiB"``: binary units, one decimal."""
+def format_size(num_bytes: float, decimals: int = 1) -> str:
+    """``1536`` → ``"1.5 KiB"``: binary units, ``decimals`` decimals.
+
+    Example:
+        >>> format_size(1536), format_size(100 * 2**20 - 1, decimals=3)
+        ('1.5 KiB', '100.000 MiB')
+    """
     size = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(size) < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.{decimals}f} {unit}"
         size /= 1024
-    return f"{size:.1f} TiB"
+    return f"{size:.{decimals}f} TiB"
+
+
+def format_sizes_apart(first: float, second: float) -> tuple[str, str]:
+    """Both sizes, with as many decimals as it takes to show them unequal (up to three, then
+    in bytes), so a comparison never reads ``0.09 GiB exceeds 0.09 GiB``.
+
+    Example:
+        >>> format_sizes_apart(95.41 * 2**20, 95.44 * 2**20)
+        ('95.41 MiB', '95.44 MiB')
+    """
+    if first != second:
+        for decimals in (1, 2, 3):
+            shown = format_size(first, decimals), format_size(second, decimals)
+            if shown[0] != shown[1]:
+                return shown
+        return f"{first:.0f} B", f"{second:.0f} B"
+    return format_size(first), format_size(second)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotune.config.sizes import format_size, format_sizes_apart
 from autotune.model_states import model_state_bytes, optimizer_state_floats
 
 if TYPE_CHECKING:
@@ -70,12 +71,12 @@ class MemoryEstimate:
     def explain(self, micro_batch_size: int) -> str:
         """Why a micro-batch does or does not fit, with the numbers."""
         verdict = "fits in" if self.fits(micro_batch_size) else "exceeds"
+        estimated, usable = format_sizes_apart(self.bytes_at(micro_batch_size), self.usable_bytes)
         return (
-            f"estimated {_gib(self.bytes_at(micro_batch_size))} per rank at micro-batch "
-            f"{micro_batch_size} (model states {_gib(self.model_states_bytes)} + buffers "
-            f"{_gib(self.buffer_bytes)} + activations "
-            f"{_gib(self.activation_bytes_per_sample)}/sample) {verdict} "
-            f"{_gib(self.usable_bytes)} usable of {_gib(self.budget_bytes)}"
+            f"estimated {estimated} per rank at micro-batch {micro_batch_size} (model states "
+            f"{format_size(self.model_states_bytes)} + buffers {format_size(self.buffer_bytes)}"
+            f" + activations {format_size(self.activation_bytes_per_sample)}/sample) {verdict} "
+            f"{usable} usable of {format_size(self.budget_bytes)}"
         )
 
 
@@ -143,7 +144,3 @@ def buffer_bytes(model_info: ModelInfo, config: Config, stage: int) -> int:
 def _elements(value: object) -> int:
     """A bucket-like size in elements; ``"auto"`` (or anything not a number) is unbounded."""
     return int(value) if isinstance(value, int | float) else 1 << 62
-
-
-def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB"

@@ -45,8 +45,8 @@ the model was learnt.
 
 from __future__ import annotations
 
-import bisect
 import enum
+import itertools
 import random
 import re
 import time
@@ -115,6 +115,10 @@ RAN_OUT_OF_DATA = "ScriptFinishedEarly"
 # Experiments that all failed with the same error, and none ok, that end the run: a failure
 # that does not depend on the config would fail every remaining experiment too.
 SAME_FAILURE_LIMIT = 3
+# Errors and timeouts the search for a variant's largest micro-batch steps over on the default
+# ladder before it stops: they say nothing about memory, and a failure at every size above
+# some point would otherwise be tried size by size. A list the user wrote runs whole.
+MAX_FAILED_SIZES = 3
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,7 @@ class Tuner:
         self._point_names: dict[Point, str] = {}
         self._repeats: list[str] = []
         self._stop_reason = ""
+        self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
         self._clock = clock
         self._started = clock()
         self._replayed: list[ExperimentResult] = []
@@ -348,11 +353,7 @@ class Tuner:
         per_variant: dict[str, Ranked] = {}
         for ranked in ranking:
             per_variant.setdefault(self._entries[ranked.name].variant.label, ranked)
-        failed = {
-            name: f"{r.status.value}: {r.error}" if r.error else r.status.value
-            for name, r in self._results.items()
-            if not r.ok
-        }
+        failed = {name: _failure_line(r) for name, r in self._results.items() if not r.ok}
         return TuningSummary(
             metric=metric,
             ranking=tuple(ranking),
@@ -364,7 +365,7 @@ class Tuner:
             ),
             num_run=len(self._results),
             num_failed=len(failed),
-            pruned={**self._pruned, **self._pruned_by_data(), **self._pruned_by_oom()},
+            pruned=self._not_run(),
             failed=failed,
             tuning_time_s=self.elapsed_s,
             stop_reason=self._stop_reason,
@@ -485,40 +486,90 @@ class Tuner:
     def _probe_size(self, plan: VariantPlan) -> int | None:
         """The next micro-batch in the search for the largest that fits ``plan``'s variant.
 
-        None once the largest fit is bracketed exactly (or nothing fits).
+        Only an ``oom`` (or the script running out of data) bounds the search from above: an
+        ``error`` or a ``timeout`` is a verdict on that size alone, which the search steps
+        over. None once the largest fit is bracketed exactly (or nothing fits); on the default
+        ladder, once :data:`MAX_FAILED_SIZES` sizes above the largest fit failed that way,
+        nothing above the first of them is searched (see :meth:`_failed_sizes_bound`); a list
+        the user wrote runs whole.
         """
         runs = self._size_runs.get(plan.variant, {})
-        ladder = plan.ladder
         fit = max((s for s, r in runs.items() if r.ok), default=None)
-        # The smallest failure above the largest fit (an error counts: nothing above it is
-        # worth a run either); where the script ran out of data bounds every variant.
-        own_failure = min(
-            (s for s, r in runs.items() if not r.ok and (fit is None or s > fit)), default=None
-        )
-        ceiling = self._data_ceiling_size()
-        failure = min((s for s in (own_failure, ceiling) if s is not None), default=None)
-        low = 0 if fit is None else bisect.bisect_right(ladder, fit)
-        high = len(ladder) if failure is None else bisect.bisect_left(ladder, failure)
-        if low >= high:
-            return None  # bracketed: ``fit`` is the largest that fits
-        if fit is None and own_failure is None:
-            # Only the data bound so far: the start, or the largest size below the bound.
-            size = min(plan.start, ladder[high - 1])
-        elif fit is None:
-            assert failure is not None
-            size = ladder[max(0, bisect.bisect_right(ladder, failure // 2) - 1)]
-        else:
-            guess = _memory_guess(plan, runs)
-            if guess is not None and (failure is None or guess < failure):
-                # The guess, or the next size up when memory says ``fit`` is the largest.
-                size = max(ladder[max(0, bisect.bisect_right(ladder, guess) - 1)], ladder[low])
-            elif failure is None:  # climb: to the estimate without its margin, else doubling
-                estimate = plan.ceiling
-                target = estimate if estimate is not None and estimate > fit else 2 * fit
-                size = ladder[min(len(ladder) - 1, bisect.bisect_left(ladder, target))]
-            else:
-                size = ladder[(low + high) // 2]
-        return size
+        floor = 0 if fit is None else fit
+        ooms = [s for s, r in runs.items() if r.status is Status.oom and s > floor]
+        bound = min((s for s in (*ooms, self._data_ceiling_size()) if s is not None), default=None)
+        # Sizes still open, split into gaps by the failures above the largest fit: the search
+        # goes on in the lowest gap with an open size, between its two ends.
+        failures = sorted(s for s, r in runs.items() if not r.ok and floor < s)
+        ends = [fit, *(s for s in failures if bound is None or s < bound), bound]
+        if self._stepped_over_enough(plan, fit):
+            ends = ends[:2]  # only below the first failure above the fit
+        for low_end, high_end in itertools.pairwise(ends):
+            gap = [
+                s
+                for s in plan.ladder
+                if s not in runs
+                and (low_end is None or s > low_end)
+                and (high_end is None or s < high_end)
+            ]
+            if gap:
+                return self._probe_in(plan, runs, gap, low_end, high_end)
+        return None  # bracketed: ``fit`` is the largest that fits
+
+    def _stepped_over_enough(self, plan: VariantPlan, fit: int | None) -> bool:
+        """Whether the default ladder's search has met :data:`MAX_FAILED_SIZES` errors and
+        timeouts above its largest fit, and so searches no further above them."""
+        runs = self._size_runs.get(plan.variant, {})
+        if not plan.halving or fit is None:
+            return False
+        return sum(1 for s, r in runs.items() if s > fit and fails_alone(r)) >= MAX_FAILED_SIZES
+
+    def _probe_in(
+        self,
+        plan: VariantPlan,
+        runs: Mapping[int, ExperimentResult],
+        gap: list[int],
+        low_end: int | None,
+        high_end: int | None,
+    ) -> int:
+        """The size to run in ``gap``, the open sizes between two ends: a fit or failure
+        below (None: nothing below), a failure above (None: nothing above)."""
+        if low_end is None:
+            if high_end is None:  # nothing run yet: the start, or the largest size below it
+                return max((s for s in gap if s <= plan.start), default=gap[0])
+            # Halve below a failure, as far as the gap allows.
+            return max((s for s in gap if s <= high_end // 2), default=gap[-1])
+        guess = _memory_guess(plan, runs)
+        if guess is not None and (high_end is None or guess < high_end):
+            # The guess, or the next size up when memory says the fit is the largest.
+            return max((s for s in gap if s <= guess), default=gap[0])
+        if high_end is None:  # climb: to the estimate without its margin, else doubling
+            estimate = plan.ceiling
+            target = estimate if estimate is not None and estimate > low_end else 2 * low_end
+            return min((s for s in gap if s >= target), default=gap[-1])
+        return gap[len(gap) // 2]
+
+    def _failed_sizes_bound(self) -> dict[str, str]:
+        """Where a default-ladder search stopped after :data:`MAX_FAILED_SIZES` errors and
+        timeouts above its largest fit: the sizes above the first of them it never tried."""
+        bounds = {}
+        for plan in self._space.plans:
+            fit = self._largest_fit(plan.variant)
+            if not self._stepped_over_enough(plan, fit):
+                continue
+            runs = self._size_runs.get(plan.variant, {})
+            failed = sorted(
+                s for s, r in runs.items() if fit is not None and s > fit and fails_alone(r)
+            )
+            untried = [s for s in plan.ladder if s > failed[0] and s not in runs]
+            if not untried:
+                continue
+            bounds[f"{plan.variant.label} micro-batch > {failed[0]}"] = (
+                f"not searched: {len(failed)} sizes above {fit} failed with an error or timeout "
+                f"({', '.join(map(str, failed))}), which says nothing about memory; list the "
+                "sizes in train_micro_batch_size_per_gpu to run them"
+            )
+        return bounds
 
     def _phase_end_reason(self) -> str:
         """Why the phase that has nothing more to propose ended: a limit it reached, or ""
@@ -537,6 +588,7 @@ class Tuner:
         reason = self._phase_end_reason()
         if reason:
             self._stop_reason = reason
+        self._note_unreached(reason or "the phase ended")
         self._sampler, self._phase_points, self._point_names = None, {}, {}
         self._phase = _PHASES[_PHASES.index(self._phase) + 1]
         if self._phase is Phase.micro_batch:
@@ -681,7 +733,14 @@ class Tuner:
         return True
 
     def _finish(self, reason: str) -> None:
+        self._note_unreached(reason)
         self._phase, self._sampler, self._stop_reason = Phase.done, None, reason
+
+    def _note_unreached(self, reason: str) -> None:
+        """Why the current phase's configurations that never ran did not (for the summary)."""
+        for name in self._phase_points:
+            if name not in self._results and name not in self._pending:
+                self._ended.setdefault(name, f"not reached: {reason}")
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -728,6 +787,8 @@ class Tuner:
                 self._size_names.setdefault(
                     self._name(plan.variant, size, ()), (plan.variant, size)
                 )
+                if not plan.halving:  # sizes the user listed are candidates, each accounted for
+                    self._register(plan.variant, size, ())
 
     def _register(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
         name = self._name(variant, size, knobs)
@@ -760,6 +821,23 @@ class Tuner:
         if floor is None or self._entries[floor].micro_batch_size > entry.micro_batch_size:
             return None
         return floor
+
+    def _not_run(self) -> dict[str, str]:
+        """Every variant, bound and configuration the tuner considered and did not run, with
+        the reason: pruned (memory estimate, an ``oom`` below it, the data bound, a config
+        rule), or not reached (the phase or the run ended first, and why)."""
+        explained = {
+            **self._pruned,
+            **self._failed_sizes_bound(),
+            **self._pruned_by_data(),
+            **self._pruned_by_oom(),
+        }
+        ended = f"not reached: the search ended first ({self._stop_reason or 'search complete'})"
+        for name, entry in self._entries.items():
+            if name in self._results or name in self._pending or name in explained:
+                continue
+            explained[name] = self._ended.get(name) or self._pruned.get(entry.variant.label, ended)
+        return explained
 
     def _pruned_by_oom(self) -> dict[str, str]:
         return {
@@ -951,6 +1029,18 @@ class Tuner:
                 # where it falls among other variants' searches depends on what ran beside it.
                 since += 1
         return since
+
+
+def _failure_line(result: ExperimentResult) -> str:
+    """``"oom: OutOfMemoryError: ..."``: the status, then the error unless it already says it."""
+    status, error = result.status.value, result.error or ""
+    return error if error.startswith(f"{status}:") else f"{status}: {error}" if error else status
+
+
+def fails_alone(result: ExperimentResult) -> bool:
+    """An ``error`` or ``timeout`` that is a verdict on its own configuration only: not an
+    ``oom`` (memory grows with the micro-batch) nor a script that ran out of data."""
+    return result.status in (Status.error, Status.timeout) and not ran_out_of_data(result)
 
 
 def ran_out_of_data(result: ExperimentResult) -> bool:

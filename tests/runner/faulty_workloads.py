@@ -48,3 +48,37 @@ def faulty(
     forward on one rank."""
     base = resolve_workload("gpt", TINY_GPT)
     return Workload(_Faulty(base.model, fault, rank_to_fail, seconds, signal), base.make_batch)
+
+
+class _FaultyBySize(nn.Module):
+    """Fails as ``faults`` says for the micro-batch (the batch dimension) it is given."""
+
+    def __init__(self, inner: nn.Module, faults: dict[int, str], rank_to_fail: int) -> None:
+        super().__init__()
+        self.inner, self.faults, self.rank_to_fail = inner, faults, rank_to_fail
+
+    def forward(self, tokens: torch.Tensor, *rest: Any) -> torch.Tensor:
+        fault = self.faults.get(int(tokens.shape[0]))
+        rank = int(torch.distributed.get_rank()) if torch.distributed.is_initialized() else 0
+        if fault is not None and rank == self.rank_to_fail:
+            if fault == "raise":
+                raise ValueError(f"deliberate failure at micro-batch {tokens.shape[0]}")
+            if fault == "hang":
+                time.sleep(3600)
+            if fault == "kill":  # the rank kills itself
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "segfault":  # a real one: read address 0
+                import ctypes
+
+                ctypes.string_at(0)
+            if fault == "oom":
+                raise torch.OutOfMemoryError(f"out of memory at micro-batch {tokens.shape[0]}")
+        return self.inner(tokens, *rest)
+
+
+def faulty_by_micro_batch(faults: dict[str, str], rank_to_fail: int = 1) -> Workload:
+    """The tiny gpt, failing at the micro-batches ``faults`` maps to raise | hang | kill |
+    segfault | oom (keys are sizes, as JSON writes them) on one rank."""
+    base = resolve_workload("gpt", TINY_GPT)
+    by_size = {int(size): fault for size, fault in faults.items()}
+    return Workload(_FaultyBySize(base.model, by_size, rank_to_fail), base.make_batch)
