@@ -249,13 +249,18 @@ def report(
     results_dir: Annotated[Path, typer.Argument(help="A results directory.")],
     format: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.table,
     metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
+    runs: Annotated[
+        bool,
+        typer.Option("--runs", help="Every measurement on its own, re-measurements included."),
+    ] = False,
 ) -> None:
-    """Print the experiments of a results directory, best first."""
+    """Print the run's ranking: configurations best first, repeats folded (as summary.txt
+    and best name the winner); --runs: every measurement by its own value."""
     from autotune.results import ResultsDir, ResultsDirError, load_results
 
     chosen = metric or ResultsDir(results_dir).recorded_metric() or Metric.throughput
     try:
-        frame = load_results(results_dir, ranked_by=chosen)
+        frame = load_results(results_dir, ranked_by=chosen, runs=runs)
     except (ResultsDirError, ValueError) as err:
         raise fail(str(err)) from None
     if format is ReportFormat.csv:
@@ -267,23 +272,30 @@ def report(
         from rich.table import Table
 
         columns = {
-            "name": "experiment",
+            "name": "experiment" if runs else "configuration",
             "status": "status",
             "zero_stage": "stage",
             "micro_batch_size": "micro",
             "gradient_accumulation_steps": "accum",
-            chosen.value: chosen.label,
-            "latency_spread": "spread",
+            chosen.value: chosen.label if runs else f"{chosen.label}, median",
+            **(
+                {"latency_spread": "step spread"}
+                if runs
+                else {"runs": "runs", "spread": "run spread"}
+            ),
             PEAK_MEMORY_COLUMN: PEAK_MEMORY_LABEL,
             "error": "error",
         }
         ran = ", ".join(sorted({str(t) for t in frame["target"].dropna()}))  # what was tuned
         where = f"{results_dir} ({ran})" if ran else str(results_dir)
-        table = Table(title=f"{where}: experiments by {chosen.value}")
+        what = "experiments" if runs else "configurations"
+        table = Table(title=f"{where}: {what} by {chosen.value}")
         for header in columns.values():
             table.add_column(header, no_wrap=header != "error", overflow="fold")
         for _, row in frame[list(columns)].iterrows():
             table.add_row(*(_cell(column, row[column]) for column in columns))
+        if not runs and frame["runs"].max() > 1 and (frame["runs"] == 1).any():
+            table.caption = "measured once: after the configurations measured again"
         # Piped output gets a wide table rather than rich's 80-column default.
         Console(width=shutil.get_terminal_size((160, 24)).columns).print(table)
 
@@ -293,8 +305,10 @@ def _cell(column: str, value: Any) -> str:
         return ""
     if column == PEAK_MEMORY_COLUMN:
         return format_size(float(value))
-    if column == "latency_spread":
+    if column in ("latency_spread", "spread"):
         return f"{float(value):.0%}"
+    if column == "runs":
+        return str(int(value))
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import SEARCHABLE_KEYS
 from autotune.config.keys import get_key
-from autotune.experiment import Timings
+from autotune.experiment import ExperimentResult, Status, Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError
 from autotune.script import ScriptTarget
+from autotune.tuner.naming import split_repeat
+from autotune.tuner.ranking import ranking
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,19 +25,29 @@ EXTRA_KNOBS = ("zero_optimization.offload_optimizer.device", "bf16.enabled", "fp
 METRIC_COLUMNS = (*(metric.value for metric in Metric), PEAK_MEMORY_COLUMN, "latency_spread")
 
 
-def load_results(path: str | Path, ranked_by: Metric | str | None = None) -> pd.DataFrame:
-    """Load a results directory into a DataFrame: one row per experiment, in the order they
-    finished, or with ``ranked_by`` a metric, best first (see :meth:`ResultsDir.ranked`).
+def load_results(
+    path: str | Path, ranked_by: Metric | str | None = None, runs: bool = False
+) -> pd.DataFrame:
+    """Load a results directory into a DataFrame.
+
+    Without ``ranked_by``: one row per experiment (re-measurements included), in the order
+    they finished. With ``ranked_by`` a metric: the run's one ranking, as ``autotune report``
+    and ``summary.txt`` show it: one row per configuration, repeats folded (each metric the
+    median over its ok runs, ``runs`` how many, ``spread`` their spread), in the order the
+    tuner declares them (:func:`autotune.tuner.ranking.ranking`), then the configurations
+    that never ran ok. With ``runs=True`` as well, every experiment ranked by its own
+    measurement instead.
 
     Columns: ``name``, ``status``, ``zero_stage``, ``micro_batch_size``,
     ``gradient_accumulation_steps``, ``train_batch_size``, one column per
     :class:`~autotune.metric.Metric` (``throughput`` samples/s, ``latency`` s/step, ``flops``
-    FLOP/s per rank), ``peak_memory_bytes``, ``latency_spread``,
+    FLOP/s per rank), ``peak_memory_bytes``, ``latency_spread`` (the window's steps),
     ``error``, ``started_at`` (UTC), ``duration_s``, ``overhead_s``, ``node_ids`` (where each
     rank ran: with ``started_at`` and ``duration_s``, which experiments overlapped where),
     ``repeat_of``, ``target`` (what ran: the workload, e.g. ``gpt``, or the script, e.g.
     ``train.py``), plus every tuned knob flattened under its dotted key
-    (``zero_optimization.reduce_bucket_size``, ...).
+    (``zero_optimization.reduce_bucket_size``, ...); ranked by configuration, also ``runs``
+    and ``spread`` (over runs, of the ranked metric).
 
     Raises:
         ResultsDirError: ``path`` is not a results directory.
@@ -44,6 +57,10 @@ def load_results(path: str | Path, ranked_by: Metric | str | None = None) -> pd.
         >>> best = df[df.status == "ok"].sort_values("throughput", ascending=False).iloc[0]
         >>> int(best["zero_stage"]) in range(4), bool(best["throughput"] > 0)
         (True, True)
+        >>> ranked = load_results("results/example_run", ranked_by="throughput")
+        >>> ranked.iloc[0]["name"] == json.load(open("results/example_run/summary.json"))[
+        ...     "best"]["name"]
+        True
     """
     import pandas as pd
 
@@ -52,12 +69,41 @@ def load_results(path: str | Path, ranked_by: Metric | str | None = None) -> pd.
         raise ResultsDirError(f"{directory} is not an autotune results directory (no {LOG_NAME})")
     job_target = _job_target(directory)
     results = ResultsDir(directory)
-    records = results.records() if ranked_by is None else results.ranked(Metric(ranked_by))
-    rows = [_row(record, job_target) for record in records]
+    if ranked_by is None:
+        rows = [_row(record, job_target) for record in results.records()]
+    elif runs:
+        rows = [_row(record, job_target) for record in results.ranked_runs(Metric(ranked_by))]
+    else:
+        rows = _configuration_rows(results.records(), Metric(ranked_by), job_target)
     frame = pd.DataFrame(rows, columns=_columns(rows))
     if not frame.empty:
         frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
     return frame
+
+
+def _configuration_rows(
+    records: list[dict[str, Any]], metric: Metric, job_target: str | None
+) -> list[dict[str, Any]]:
+    """One row per configuration in the run's ranking, then those that never ran ok: the
+    original's record, its metrics folded over its ok runs (medians; peak memory the
+    largest, as the ranking counts it)."""
+    by_name = {record["name"]: record for record in records}
+    ok_runs: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if record.get("status") == Status.ok.value and record.get("metrics"):
+            ok_runs.setdefault(split_repeat(record["name"])[0], []).append(record["metrics"])
+    rows = []
+    for ranked in ranking((ExperimentResult.from_dict(r) for r in records), metric):
+        row = _row(by_name[ranked.name], job_target)
+        row["name"], row["status"] = ranked.name, Status.ok.value
+        for each in Metric:
+            row[each.value] = statistics.median(each.of(m) for m in ok_runs[ranked.name])
+        row[PEAK_MEMORY_COLUMN] = ranked.peak_memory_bytes
+        rows.append({**row, "runs": ranked.num_measurements, "spread": ranked.spread})
+    for name, record in by_name.items():
+        if split_repeat(name)[1] == 0 and name not in ok_runs:
+            rows.append({**_row(record, job_target), "runs": 0, "spread": None})
+    return rows
 
 
 def _job_target(directory: Path) -> str | None:

@@ -26,6 +26,7 @@ from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.metric import Metric
 from autotune.results.files import append_line, atomic_write_json, atomic_write_text, read_jsonl
 from autotune.results.lock import DirectoryLock
+from autotune.tuner.ranking import Ranked, ranking
 
 LOG_NAME = "experiments.jsonl"
 FINGERPRINT_NAME = "fingerprint.json"
@@ -194,10 +195,16 @@ class ResultsDir:
     def finished_names(self) -> set[str]:
         return {r["name"] for r in self.records()}
 
-    def ranked(self, metric: Metric) -> list[dict[str, Any]]:
-        """Every finished experiment's log record, best first by ``metric``: those that ran
-        ok by their own measurement (re-measurements separately, ties in finishing order),
-        then the rest in the order they finished."""
+    def ranking(self, metric: Metric) -> list[Ranked]:
+        """The run's one ranking by ``metric``: configurations with their repeats folded
+        (median, runs, spread over runs), in the order the tuner declares them (see
+        :func:`autotune.tuner.ranking.ranking`)."""
+        return ranking(self.results(), metric)
+
+    def ranked_runs(self, metric: Metric) -> list[dict[str, Any]]:
+        """Every finished experiment's log record, each by its own measurement: those that
+        ran ok best first (re-measurements separately, ties in finishing order), then the
+        rest in the order they finished."""
         ok, rest = [], []
         for record in self.records():
             measured = record.get("metrics")

@@ -64,8 +64,51 @@ class Ranked:
         }
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One ok measurement of a configuration, as a ranking reads it.
+
+    Attributes:
+        config: the configuration's name (a re-measurement's original).
+        value: the metric measured.
+        peak_memory_bytes: the peak memory per rank measured.
+    """
+
+    config: str
+    value: float
+    peak_memory_bytes: int
+
+
+def measurements(results: Iterable[ExperimentResult], metric: Metric) -> list[Measurement]:
+    """The ok results as measurements of their configurations."""
+    return [
+        Measurement(split_repeat(r.name)[0], metric.of(r.metrics), r.metrics.peak_memory_bytes)
+        for r in results
+        if r.ok and r.metrics is not None
+    ]
+
+
+def rank_measurements(measured: Iterable[Measurement], metric: Metric) -> list[Ranked]:
+    """Configurations by the median of their measurements, best first; ties go to the lower
+    peak memory, then the name."""
+    groups: dict[str, list[Measurement]] = {}
+    for measurement in measured:
+        groups.setdefault(measurement.config, []).append(measurement)
+    ranked = [
+        Ranked(
+            name=name,
+            value=statistics.median(m.value for m in group),
+            values=tuple(m.value for m in group),
+            peak_memory_bytes=max(m.peak_memory_bytes for m in group),
+        )
+        for name, group in groups.items()
+    ]
+    ranked.sort(key=lambda r: (-metric.score(r.value), r.peak_memory_bytes, r.name))
+    return ranked
+
+
 def rank(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
-    """Configurations that ran ok, best first.
+    """Configurations that ran ok, best first by the median of their measurements.
 
     Example:
         >>> from autotune.experiment import Status
@@ -77,21 +120,31 @@ def rank(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
         >>> [(r.name, r.value) for r in ranked]
         [('a', 2.0), ('b', 2.0)]
     """
-    groups: dict[str, list[Metrics]] = {}
-    for result in results:
-        if result.ok and result.metrics is not None:
-            groups.setdefault(split_repeat(result.name)[0], []).append(result.metrics)
-    ranked = [
-        Ranked(
-            name=name,
-            value=statistics.median(metric.of(m) for m in measured),
-            values=tuple(metric.of(m) for m in measured),
-            peak_memory_bytes=max(m.peak_memory_bytes for m in measured),
-        )
-        for name, measured in groups.items()
-    ]
-    ranked.sort(key=lambda r: (-metric.score(r.value), r.peak_memory_bytes, r.name))
-    return ranked
+    return rank_measurements(measurements(results, metric), metric)
+
+
+def declared_order(ranked: list[Ranked]) -> list[Ranked]:
+    """``ranked`` (best first by median) in the order a run declares it: once any
+    configuration was measured more than once, those come first and the first of them is
+    the best; a configuration measured once follows them, since one lucky measurement must
+    not be declared best over repeated ones.
+
+    Example:
+        >>> ranked = [Ranked("lucky", 12, (12,), 0), Ranked("steady", 10, (10, 9, 11), 0)]
+        >>> [r.name for r in declared_order(ranked)]
+        ['steady', 'lucky']
+    """
+    repeated = [r for r in ranked if r.num_measurements > 1]
+    if not repeated:
+        return list(ranked)
+    return repeated + [r for r in ranked if r.num_measurements == 1]
+
+
+def ranking(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
+    """The one ranking of a run: what ``summary.txt``, ``ds_config_optimal.json``,
+    ``autotune report``, ``load_results(ranked_by=...)`` and the notebook all show.
+    Configurations with their repeats folded, in :func:`declared_order`."""
+    return declared_order(rank(results, metric))
 
 
 def within_noise(first: Ranked, second: Ranked) -> bool:

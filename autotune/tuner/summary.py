@@ -16,13 +16,14 @@ class TuningSummary:
 
     Attributes:
         metric: what was optimised.
-        ranking: every configuration that ran ok, best first (median of its measurements).
-        best: the declared best: the top re-measured configuration when any were re-measured
-            (a single lucky measurement cannot win), else the top of ``ranking``.
+        ranking: every configuration that ran ok, repeats folded, in the one order every
+            output shows (:func:`~autotune.tuner.ranking.declared_order`: by median, those
+            measured more than once first once any was).
+        best: the first of ``ranking``.
         best_overrides: the dotted-key values that make the user's config the best one.
         best_per_variant: the best configuration of each ZeRO variant (``z2``, ``z3_ocpu``).
-        top_two_within_noise: whether the best and the runner-up among the re-measured have
-            overlapping measurements (None with fewer than two).
+        top_two_within_noise: whether the first two of ``ranking`` have overlapping
+            measurements (None with fewer than two).
         num_run: experiments that ran, re-measurements included.
         num_failed: experiments that ran and did not end ``ok``.
         pruned: configurations and variants never run, each with the reason.

@@ -61,6 +61,7 @@ from autotune.tuner.naming import repeat_name, split_repeat
 from autotune.tuner.ranking import (
     Ranked,
     could_be_better,
+    declared_order,
     rank,
     relative_noise,
     score,
@@ -346,13 +347,12 @@ class Tuner:
     def summary(self) -> TuningSummary:
         """What the run found so far (complete once ``finished``)."""
         metric = self._tuning.metric
-        ranking = [r for r in rank(self._results.values(), metric) if r.name in self._entries]
-        remeasured = [r for r in ranking if r.num_measurements > 1]
-        contenders = remeasured or ranking
-        best = contenders[0] if contenders else None
+        ranked = [r for r in rank(self._results.values(), metric) if r.name in self._entries]
+        ranking = declared_order(ranked)
+        best = ranking[0] if ranking else None
         per_variant: dict[str, Ranked] = {}
-        for ranked in ranking:
-            per_variant.setdefault(self._entries[ranked.name].variant.label, ranked)
+        for entry in ranking:
+            per_variant.setdefault(self._entries[entry.name].variant.label, entry)
         failed = {name: _failure_line(r) for name, r in self._results.items() if not r.ok}
         return TuningSummary(
             metric=metric,
@@ -361,7 +361,7 @@ class Tuner:
             best_overrides=dict(self._entries[best.name].overrides) if best else {},
             best_per_variant=per_variant,
             top_two_within_noise=(
-                within_noise(contenders[0], contenders[1]) if len(contenders) > 1 else None
+                within_noise(ranking[0], ranking[1]) if len(ranking) > 1 else None
             ),
             num_run=len(self._results),
             num_failed=len(failed),

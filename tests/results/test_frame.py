@@ -106,3 +106,28 @@ def test_plots_fold_repeats_into_the_median(results: ResultsDir) -> None:
     results.record(make_spec("b", 2, 4), make_result("b", throughput=14))
     front = pareto_front(load_results(results.path))
     assert list(front["name"]) == ["b"]  # a's median (12) no longer beats b
+
+
+def test_best_so_far_follows_the_declared_best_not_a_lucky_single(results: ResultsDir) -> None:
+    results.record(make_spec("a", 1, 4), make_result("a", throughput=30))  # lucky
+    for index, throughput in enumerate((10, 12), start=1):
+        name = f"a_r{index}"
+        results.record(
+            make_spec(name, 1, 4), make_result(name, throughput=throughput), {"repeat_of": "a"}
+        )
+    ax = best_so_far(load_results(results.path))
+    (declared,) = [line for line in ax.get_lines() if line.get_label() == "declared best so far"]
+    # 30 while measured once; then the median of 30, 10: 20; then of 30, 10, 12: 12.
+    assert list(declared.get_ydata()) == [30, 20, 12]
+
+
+def test_an_all_failed_directory_draws_its_failures(results: ResultsDir) -> None:
+    for name, status in (("a", Status.oom), ("b", Status.error), ("c", Status.timeout)):
+        results.record(make_spec(name, 1, 4), make_result(name, status))
+    frame = load_results(results.path)
+    for ax in (best_so_far(frame), metric_vs_micro_batch(frame)):
+        assert ax.get_title() == "no experiment ran ok"
+        assert {t.get_text() for t in ax.get_legend().get_texts()} == {"oom", "error", "timeout"}
+    memory = throughput_vs_memory(frame)
+    assert "1 oom, 1 error, 1 timeout" in memory.texts[0].get_text()
+    assert load_results(results.path, ranked_by="throughput")["runs"].tolist() == [0, 0, 0]

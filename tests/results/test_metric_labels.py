@@ -33,7 +33,7 @@ def test_the_report_table_is_headed_by_the_metrics_label_and_ranked_its_way(
 ) -> None:
     table = CliRunner().invoke(app, ["report", str(filled.path), "--metric", metric.value])
     assert table.exit_code == 0, table.output
-    assert f"experiments by {metric.value}" in table.stdout
+    assert f"configurations by {metric.value}" in table.stdout
     assert metric.label in table.stdout and PEAK_MEMORY_LABEL in table.stdout
     rows = CliRunner().invoke(
         app, ["report", str(filled.path), "-f", "json", "--metric", metric.value]
