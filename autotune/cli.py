@@ -283,6 +283,11 @@ def report(
                 if runs
                 else {"runs": "runs", "spread": "run spread"}
             ),
+            **(
+                {"disturbed_runs": "disturbed"}
+                if not runs and frame.get("disturbed_runs", frame["name"] == "").any()
+                else {}
+            ),
             PEAK_MEMORY_COLUMN: PEAK_MEMORY_LABEL,
             "error": "error",
         }
@@ -307,7 +312,7 @@ def _cell(column: str, value: Any) -> str:
         return format_size(float(value))
     if column in ("latency_spread", "spread"):
         return f"{float(value):.0%}"
-    if column == "runs":
+    if column in ("runs", "disturbed_runs"):
         return str(int(value))
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 

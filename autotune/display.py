@@ -137,8 +137,8 @@ def print_report(console: Console, report: TuningReport) -> None:
         console.print(f"  {name}: {why}", highlight=False, markup=False)
     for line in not_run_lines(summary):
         console.print(line, highlight=False, markup=False)
-    if summary.top_two_within_noise:
-        console.print("note: the top two are within measurement noise of each other")
+    for line in summary.notes():
+        console.print(line, highlight=False, markup=False)
     if report.optimal_config_path is not None:
         console.print(f"optimal config: {report.optimal_config_path}", highlight=False)
     else:

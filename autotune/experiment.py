@@ -115,6 +115,9 @@ class Metrics:
     Script mode also measures the model's size (the tuner knows a workload's in advance):
     ``num_params``, ``param_bytes`` and ``activation_bytes_per_sample`` (see
     :meth:`autotune.profiling.model_info.ModelInfo.from_metrics`).
+
+    ``oversubscription``: how far other processes oversubscribed the ranks' cores during the
+    window (0: not at all; None: not measured); see :attr:`disturbed`.
     """
 
     latency: float
@@ -127,6 +130,16 @@ class Metrics:
     num_params: int | None = None
     param_bytes: int | None = None
     activation_bytes_per_sample: int | None = None
+    oversubscription: float | None = None
+
+    @property
+    def disturbed(self) -> bool:
+        """Whether other processes competed for the ranks' cores during the window (see
+        :mod:`autotune.profiling.interference`): the measurement shows the machine, not the
+        configuration."""
+        from autotune.profiling.interference import is_disturbed
+
+        return is_disturbed(self.oversubscription)
 
     @property
     def latency_spread(self) -> float:

@@ -467,8 +467,7 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
         best = summary.best
         shown = summary.metric.display(best.value)
         lines.append(f"best: {best.name}  {metric} {shown} (spread {best.spread:.0%})")
-        if summary.top_two_within_noise:
-            lines.append("note: the top two are within noise of each other")
+        lines += summary.notes()
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
             lines.append(f"train with it: deepspeed train.py --deepspeed_config {optimal_path}")

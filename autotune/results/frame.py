@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 # Knobs flattened into columns besides the searchable keys.
 EXTRA_KNOBS = ("zero_optimization.offload_optimizer.device", "bf16.enabled", "fp16.enabled")
 # Every rankable metric (its name is its column), then what is shown beside it.
-METRIC_COLUMNS = (*(metric.value for metric in Metric), PEAK_MEMORY_COLUMN, "latency_spread")
+METRIC_COLUMNS = (
+    *(metric.value for metric in Metric),
+    PEAK_MEMORY_COLUMN,
+    "latency_spread",
+    "oversubscription",
+)
 
 
 def load_results(
@@ -45,9 +50,11 @@ def load_results(
     ``error``, ``started_at`` (UTC), ``duration_s``, ``overhead_s``, ``node_ids`` (where each
     rank ran: with ``started_at`` and ``duration_s``, which experiments overlapped where),
     ``repeat_of``, ``target`` (what ran: the workload, e.g. ``gpt``, or the script, e.g.
-    ``train.py``), plus every tuned knob flattened under its dotted key
+    ``train.py``), ``oversubscription`` (how far other processes oversubscribed the ranks'
+    cores during the window, 0 for none), plus every tuned knob flattened under its dotted key
     (``zero_optimization.reduce_bucket_size``, ...); ranked by configuration, also ``runs``
-    and ``spread`` (over runs, of the ranked metric).
+    (the measurements it ranks on: the undisturbed ones where it has any), ``spread`` (over
+    those, of the ranked metric) and ``disturbed_runs``.
 
     Raises:
         ResultsDirError: ``path`` is not a results directory.
@@ -99,10 +106,19 @@ def _configuration_rows(
         for each in Metric:
             row[each.value] = statistics.median(each.of(m) for m in ok_runs[ranked.name])
         row[PEAK_MEMORY_COLUMN] = ranked.peak_memory_bytes
-        rows.append({**row, "runs": ranked.num_measurements, "spread": ranked.spread})
+        rows.append(
+            {
+                **row,
+                "runs": ranked.num_measurements,
+                "spread": ranked.spread,
+                "disturbed_runs": ranked.num_disturbed,
+            }
+        )
     for name, record in by_name.items():
         if split_repeat(name)[1] == 0 and name not in ok_runs:
-            rows.append({**_row(record, job_target), "runs": 0, "spread": None})
+            rows.append(
+                {**_row(record, job_target), "runs": 0, "spread": None, "disturbed_runs": 0}
+            )
     return rows
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
+from autotune.profiling.interference import oversubscription
 from autotune.runner.rank import RankOutcome
 
 
@@ -46,7 +47,8 @@ def experiment_verdict(
         reports[rank] if rank in reports else _silent_after_failure(rank, node_of)
         for rank in range(spec.world_size)
     ]
-    return combine_outcomes(spec.name, outcomes, started_at).with_timings(total_s=total_s)
+    result = combine_outcomes(spec.name, outcomes, started_at, spec.cpus_per_rank)
+    return result.with_timings(total_s=total_s)
 
 
 def _silent_after_failure(rank: int, node_of: Callable[[int], str] | None) -> RankOutcome:
@@ -62,14 +64,15 @@ def _silent_after_failure(rank: int, node_of: Callable[[int], str] | None) -> Ra
 
 
 def combine_outcomes(
-    name: str, outcomes: Sequence[RankOutcome], started_at: str
+    name: str, outcomes: Sequence[RankOutcome], started_at: str, threads_per_rank: int = 1
 ) -> ExperimentResult:
     """One result from all ranks' outcomes.
 
     All ranks reach the same verdict: if any failed, the experiment failed with the cause of
     the first failure that was not merely a lost peer (a rank whose collective lost the rank
     that really failed reports a secondary error). Metrics come from rank 0, whose window is
-    synchronised with every other rank's; peak memory is the maximum over ranks.
+    synchronised with every other rank's; peak memory is the maximum over ranks; how far other
+    processes oversubscribed the cores comes from every rank's view of its node.
     """
     ordered = sorted(outcomes, key=lambda o: o.rank)
     node_ids = tuple(o.node_id for o in ordered)
@@ -97,7 +100,8 @@ def combine_outcomes(
         )
     metrics = Metrics.from_dict(lead.metrics)
     peak = max(int((o.metrics or {}).get("peak_memory_bytes", 0)) for o in ordered)
-    metrics = replace(metrics, peak_memory_bytes=peak)
+    busy = oversubscription((o.window_cpu for o in ordered), threads_per_rank)
+    metrics = replace(metrics, peak_memory_bytes=peak, oversubscription=busy)
     return ExperimentResult(
         name=name,
         status=Status.ok,

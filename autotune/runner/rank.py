@@ -41,6 +41,8 @@ class RankOutcome:
     warmup_s: float = 0.0
     window_s: float = 0.0
     node_id: str = field(default_factory=lambda: os.uname().nodename)
+    # What this rank saw of its node's CPUs over the window (profiling.interference.WindowCpu).
+    window_cpu: dict[str, Any] | None = None
 
 
 _V = TypeVar("_V")
@@ -129,6 +131,7 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
 
     import autotune.engine as engine_lib
     from autotune.profiling.flops import flops_per_micro_batch
+    from autotune.profiling.interference import WindowCpu, sample_cpu
     from autotune.profiling.window import StepTimer
     from autotune.workloads import resolve_workload
 
@@ -176,11 +179,13 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
     startup_s = warmup_started - started
     train(warmup_batches, timer=None)
     timer = StepTimer(sync=sync)
+    cpu_before = sample_cpu()
     timer.start()
     warmup_s = time.perf_counter() - warmup_started
     window_started = time.perf_counter()
     train(window_batches, timer=timer)
     window_s = time.perf_counter() - window_started
+    window_cpu = WindowCpu.between(cpu_before, sample_cpu())
 
     metrics = Metrics.from_window(
         timer.durations_s,
@@ -195,6 +200,7 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
         startup_s=startup_s,
         warmup_s=warmup_s,
         window_s=window_s,
+        window_cpu=window_cpu.to_dict() if window_cpu is not None else None,
     )
 
 

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from autotune.config import overlay
 from autotune.engine import hooks
 from autotune.experiment import ExperimentSpec, Metrics, Status
+from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
 from autotune.profiling.window import StepTimer
 from autotune.runner.rank import RankOutcome, entries_set
 from autotune.script import ScriptTarget
@@ -84,6 +85,8 @@ class ScriptObserver:
         self.startup_s = self.warmup_s = self.window_s = 0.0
         self._steps_started = 0.0
         self._held_at_window_bytes = 0
+        self._cpu_before: CpuSample | None = None
+        self.window_cpu: WindowCpu | None = None
         self.metrics: Metrics | None = None
 
     # --- EngineObserver -------------------------------------------------------------------
@@ -123,6 +126,7 @@ class ScriptObserver:
             self.timer.lap()
             if step == self.spec.end_profile_step:
                 self.window_s = self.timer.total_s
+                self.window_cpu = WindowCpu.between(self._cpu_before, sample_cpu())
         if step == self.flop_step - 1 and step > 0:
             self._start_counting()
         if step >= self.last_step:
@@ -138,6 +142,7 @@ class ScriptObserver:
             dist.barrier()
 
     def _start_window(self) -> None:
+        self._cpu_before = sample_cpu()
         self.timer.start()
         self.warmup_s = time.perf_counter() - self._steps_started
         self._held_at_window_bytes = self._held_bytes()
@@ -241,6 +246,7 @@ def run_script(
         startup_s=observer.startup_s,
         warmup_s=observer.warmup_s,
         window_s=observer.window_s,
+        window_cpu=observer.window_cpu.to_dict() if observer.window_cpu is not None else None,
     )
 
 

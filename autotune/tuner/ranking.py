@@ -3,6 +3,8 @@
 Each metric's direction is its :class:`~autotune.metric.Metric`'s (latency: lower is better).
 Only ``ok`` results rank. Re-measurements (``<name>_r1``, ...) are grouped with their original
 and a configuration ranks by the median of its measurements; ties go to the lower peak memory.
+A measurement taken while other processes competed for the ranks' cores (``disturbed``, see
+:mod:`autotune.profiling.interference`) counts only for a configuration that has no other.
 """
 
 from __future__ import annotations
@@ -35,15 +37,25 @@ class Ranked:
 
     Attributes:
         name: the configuration's name (of its original measurement).
-        value: the median of the metric over its ok measurements.
-        values: every ok measurement, original first.
+        value: the median of the metric over the measurements it ranks on.
+        values: the ok measurements it ranks on, original first: the undisturbed ones, or
+            every one when all were disturbed.
         peak_memory_bytes: the largest peak memory per rank over its measurements.
+        num_disturbed: its measurements taken while other processes competed for the cores.
+        disturbed: whether it ranks on disturbed measurements, having no other (its value is
+            then too low a guess of what it measures on a quiet machine).
     """
 
     name: str
     value: float
     values: tuple[float, ...]
     peak_memory_bytes: int
+    num_disturbed: int = 0
+    disturbed: bool = False
+
+    @property
+    def num_undisturbed(self) -> int:
+        return 0 if self.disturbed else len(self.values)
 
     @property
     def spread(self) -> float:
@@ -61,6 +73,8 @@ class Ranked:
             "values": list(self.values),
             "spread": self.spread,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "num_disturbed": self.num_disturbed,
+            "disturbed": self.disturbed,
         }
 
 
@@ -72,37 +86,55 @@ class Measurement:
         config: the configuration's name (a re-measurement's original).
         value: the metric measured.
         peak_memory_bytes: the peak memory per rank measured.
+        disturbed: taken while other processes competed for the ranks' cores.
     """
 
     config: str
     value: float
     peak_memory_bytes: int
+    disturbed: bool = False
 
 
 def measurements(results: Iterable[ExperimentResult], metric: Metric) -> list[Measurement]:
     """The ok results as measurements of their configurations."""
     return [
-        Measurement(split_repeat(r.name)[0], metric.of(r.metrics), r.metrics.peak_memory_bytes)
+        Measurement(
+            split_repeat(r.name)[0],
+            metric.of(r.metrics),
+            r.metrics.peak_memory_bytes,
+            r.metrics.disturbed,
+        )
         for r in results
         if r.ok and r.metrics is not None
     ]
 
 
 def rank_measurements(measured: Iterable[Measurement], metric: Metric) -> list[Ranked]:
-    """Configurations by the median of their measurements, best first; ties go to the lower
-    peak memory, then the name."""
+    """Configurations by the median of their measurements, best first (undisturbed ones
+    only, where a configuration has any); ties go to the lower peak memory, then the name.
+
+    Example:
+        >>> ranked = rank_measurements([Measurement("a", 10, 0), Measurement("a", 6, 0, True),
+        ...                             Measurement("b", 7, 0, True)], Metric.throughput)
+        >>> [(r.name, r.value, r.num_disturbed, r.disturbed) for r in ranked]
+        [('a', 10, 1, False), ('b', 7, 1, True)]
+    """
     groups: dict[str, list[Measurement]] = {}
     for measurement in measured:
         groups.setdefault(measurement.config, []).append(measurement)
-    ranked = [
-        Ranked(
-            name=name,
-            value=statistics.median(m.value for m in group),
-            values=tuple(m.value for m in group),
-            peak_memory_bytes=max(m.peak_memory_bytes for m in group),
+    ranked = []
+    for name, group in groups.items():
+        used = [m for m in group if not m.disturbed] or group
+        ranked.append(
+            Ranked(
+                name=name,
+                value=statistics.median(m.value for m in used),
+                values=tuple(m.value for m in used),
+                peak_memory_bytes=max(m.peak_memory_bytes for m in group),
+                num_disturbed=sum(1 for m in group if m.disturbed),
+                disturbed=all(m.disturbed for m in used),
+            )
         )
-        for name, group in groups.items()
-    ]
     ranked.sort(key=lambda r: (-metric.score(r.value), r.peak_memory_bytes, r.name))
     return ranked
 

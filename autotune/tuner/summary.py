@@ -30,6 +30,9 @@ class TuningSummary:
         failed: experiments that did not end ``ok``: ``"oom: ..."``, ``"error: ..."``.
         tuning_time_s: wall time, across resumed runs.
         stop_reason: why the search ended.
+        num_disturbed: measurements taken while other processes competed for the ranks'
+            cores (see :mod:`autotune.profiling.interference`); a configuration ranks on the
+            others where it has any.
     """
 
     metric: Metric
@@ -44,6 +47,30 @@ class TuningSummary:
     failed: Mapping[str, str] = field(default_factory=dict)
     tuning_time_s: float = 0.0
     stop_reason: str = ""
+    num_disturbed: int = 0
+
+    def notes(self) -> list[str]:
+        """What a person should know before acting on the ranking, one line each."""
+        lines = []
+        if self.top_two_within_noise:
+            lines.append("note: the top two are within measurement noise of each other")
+        if self.num_disturbed:
+            lines.append(
+                f"note: {self.num_disturbed} measurements were taken while other processes "
+                "competed for the ranks' cores; a configuration ranks on its undisturbed ones "
+                "where it has any, and the contenders were measured again"
+            )
+        if self.disturbed_only:
+            lines.append(
+                "note: measured only while disturbed (their values too low): "
+                + ", ".join(self.disturbed_only)
+            )
+        return lines
+
+    @property
+    def disturbed_only(self) -> tuple[str, ...]:
+        """Configurations ranked on disturbed measurements alone (their values too low)."""
+        return tuple(r.name for r in self.ranking if r.disturbed)
 
     @property
     def num_pruned(self) -> int:
@@ -65,4 +92,6 @@ class TuningSummary:
             "failed": dict(self.failed),
             "tuning_time_s": self.tuning_time_s,
             "stop_reason": self.stop_reason,
+            "num_disturbed": self.num_disturbed,
+            "disturbed_only": list(self.disturbed_only),
         }

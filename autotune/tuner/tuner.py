@@ -50,6 +50,7 @@ import itertools
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -99,13 +100,6 @@ MAX_REMEASURE_FACTOR = 2
 MAX_RACE_ROUNDS = 4
 RACE_CONFIDENCE_Z = 1.64
 RACE_TOLERANCE = 0.02
-
-
-def max_remeasurements(num_remeasure: int, num_repeats: int) -> int:
-    """The most re-measurements one run makes: up to ``MAX_REMEASURE_FACTOR`` times
-    ``num_remeasure`` configurations, each repeated ``num_repeats`` times plus the race's
-    rounds."""
-    return MAX_REMEASURE_FACTOR * num_remeasure * (num_repeats + MAX_RACE_ROUNDS)
 
 
 # Knob points model_based tries on its favourite variant before searching the others.
@@ -227,6 +221,7 @@ class Tuner:
         self._phase_points: dict[str, Point] = {}  # name → point, for the sampler's phase
         self._point_names: dict[Point, str] = {}
         self._repeats: list[str] = []
+        self._max_remeasured = 0  # configurations re-measured at most (see _start_remeasure)
         self._stop_reason = ""
         self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
         self._clock = clock
@@ -369,6 +364,9 @@ class Tuner:
             failed=failed,
             tuning_time_s=self.elapsed_s,
             stop_reason=self._stop_reason,
+            num_disturbed=sum(
+                1 for r in self._results.values() if r.metrics is not None and r.metrics.disturbed
+            ),
         )
 
     def optimal_config(self) -> dict[str, Any] | None:
@@ -660,13 +658,67 @@ class Tuner:
                 self._tell_sampler(self._phase_points[name], self._results[name])
 
     def _start_remeasure(self) -> None:
+        """Queue the first re-measurements, round by round (every ``_r1``, then every
+        ``_r2``, so slow drift hits all alike): ``num_repeats`` each for the top
+        ``num_remeasure`` configurations and every variant's best, one check each for the
+        suspects (:meth:`_suspects`).
+
+        Every variant's best is measured again, interleaved with its rivals, so no stage's
+        standing rests on one stretch of time: a stage whose search fell in a slow minute (a
+        neighbour's job, the cluster's start-up, a GPU's clocks) is measured again beside the
+        others.
+        """
+        limit = self._tuning.num_remeasure
+        if limit == 0:
+            return
         # Only original measurements: replayed repeats must not change which ones are repeated.
         ranking = rank((self._results[n] for n in self._search_results()), self._tuning.metric)
-        top = [r.name for r in ranking if r.name in self._entries][: self._tuning.num_remeasure]
-        # Round by round (every r1, then every r2) so slow drift of the machine hits all alike.
-        self._repeats = [
-            repeat_name(name, index) for index in range(1, self._num_repeats + 1) for name in top
+        ranking = [r for r in ranking if r.name in self._entries]
+        claims = [r.name for r in ranking[:limit]]
+        best_of: dict[Variant, Ranked] = {}
+        for ranked in ranking:
+            best_of.setdefault(self._entries[ranked.name].variant, ranked)
+        claims += [r.name for r in best_of.values() if r.name not in claims]
+        suspects = [n for n in self._suspects(ranking, best_of) if n not in claims]
+        # Those, and up to num_remeasure more that repeats show could still be the best.
+        self._max_remeasured = len(claims) + len(suspects) + limit
+        self._repeats = [repeat_name(name, 1) for name in claims + suspects] + [
+            repeat_name(name, index) for index in range(2, self._num_repeats + 1) for name in claims
         ]
+
+    def _suspects(self, ranking: list[Ranked], best_of: Mapping[Variant, Ranked]) -> list[str]:
+        """Configurations whose standing within their variant a slow stretch may have hidden,
+        each measured once more: the variant's largest fit where a smaller size beat it (a
+        larger micro-batch amortises more: the first suspect of drift no rank could see), and
+        any measured only while other processes competed for the cores that could, had they
+        not, be its variant's best."""
+        suspects = []
+        for variant, best in best_of.items():
+            largest = self._largest_fit(variant)
+            if largest is not None and self._size_runs[variant][largest].name != best.name:
+                suspects.append(self._size_runs[variant][largest].name)
+        metric = self._tuning.metric
+        suspects += [
+            r.name
+            for r in ranking
+            if r.disturbed
+            and self._quiet_bound(r.name)
+            > metric.score(best_of[self._entries[r.name].variant].value)
+        ]
+        return list(dict.fromkeys(suspects))
+
+    def _quiet_bound(self, name: str) -> float:
+        """The best score ``name``'s disturbed measurements allow on a quiet machine: each
+        one's score improved by how far its node was oversubscribed (a node with demand for
+        1.5 times its cores runs the ranks at least 1/1.5 of their speed)."""
+        bound = float("-inf")
+        for result_name, result in self._results.items():
+            if split_repeat(result_name)[0] != name or not result.ok or result.metrics is None:
+                continue
+            value = score(result.metrics, self._tuning.metric)
+            factor = 1.0 + (result.metrics.oversubscription or 0.0)
+            bound = max(bound, value * factor if value > 0 else value / factor)
+        return bound
 
     def _extend_remeasure(self) -> bool:
         """Queue more re-measurements once a round is done; True if any.
@@ -674,10 +726,9 @@ class Tuner:
         Repeats pull lucky first measurements down to their median, so a configuration
         measured once can overtake them; and one measured unluckily low may trail the leader
         by less than the noise the repeats show (:func:`could_be_better`). Either earns
-        repeats too, best first, up to twice ``num_remeasure`` configurations in all, so the
-        declared best is one that was repeated, no single lucky measurement stands above it
-        unchecked and no single unlucky one rules a rival out. Then the race
-        (:meth:`_race`).
+        repeats too, best first, up to ``num_remeasure`` more configurations, so the declared
+        best is one that was repeated, no single lucky measurement stands above it unchecked
+        and no single unlucky one rules a rival out. Then the race (:meth:`_race`).
         """
         limit = self._tuning.num_remeasure
         repeated = {split_repeat(n)[0] for n in self._repeats}
@@ -695,42 +746,97 @@ class Tuner:
                 )
             ]
         newcomers = [r.name for r in contenders if r.name not in repeated]
-        newcomers = newcomers[: max(0, MAX_REMEASURE_FACTOR * limit - len(repeated))]
+        newcomers = newcomers[: max(0, self._max_remeasured - len(repeated))]
         self._repeats += [
             repeat_name(name, index)
             for index in range(1, self._num_repeats + 1)
             for name in newcomers
         ]
-        return bool(newcomers) or self._race([r for r in ranking if r.name in repeated])
+        if newcomers or self._promote(ranking):
+            return True
+        return self._race([r for r in ranking if r.name in repeated])
+
+    def _promote(self, ranking: list[Ranked]) -> bool:
+        """Give a suspect measured once again (see :meth:`_suspects`) whose check beat its
+        variant's leader the repeats a variant's best gets; True if any were queued. Its
+        check, not its first measurement, is the one to believe: the first is the suspect."""
+        queued = Counter(split_repeat(n)[0] for n in self._repeats)
+        leaders: dict[Variant, Ranked] = {}
+        for ranked in ranking:
+            if queued[ranked.name] >= self._num_repeats:
+                leaders.setdefault(self._entries[ranked.name].variant, ranked)
+        metric = self._tuning.metric
+        promoted = []
+        for ranked in ranking:
+            leader = leaders.get(self._entries[ranked.name].variant)
+            if not 0 < queued[ranked.name] < self._num_repeats:
+                continue
+            checks = [
+                score(r.metrics, metric)
+                for n, r in self._results.items()
+                if split_repeat(n)[0] == ranked.name
+                and split_repeat(n)[1] > 0
+                and r.ok
+                and r.metrics is not None
+                and not r.metrics.disturbed
+            ]
+            if checks and (leader is None or max(checks) > metric.score(leader.value)):
+                promoted.append(ranked.name)
+        self._repeats += [
+            repeat_name(name, index)
+            for index in range(2, self._num_repeats + 1)
+            for name in promoted
+            if index > queued[name]
+        ]
+        return bool(promoted)
 
     def _race(self, contenders: list[Ranked]) -> bool:
         """One more round for the leader and every re-measured configuration that could still
-        beat it by more than the noise allows (:func:`could_be_better`); True if queued.
+        beat it by more than the noise allows (:func:`could_be_better`), and for every one
+        whose repeats were disturbed (other processes competed for the cores); True if
+        queued.
 
         Two or three repeats tell apart configurations a noise-width apart, not ones a few
         percent apart on a machine whose runs vary by 10%: those race on, up to
         :data:`MAX_RACE_ROUNDS` more measurements each, while the ones clearly behind drop out.
+        A configuration left with fewer undisturbed measurements than its repeats were meant
+        to give is measured again too, up to the same bound, so that it ranks on the machine
+        it will train on, not on a busy minute.
         """
+
+        def open_rounds(ranked: list[Ranked]) -> list[tuple[str, int]]:
+            """Those not yet at the bound, with the repeats each has so far."""
+            counts = [
+                (r.name, sum(1 for q in self._repeats if split_repeat(q)[0] == r.name))
+                for r in ranked
+            ]
+            return [(n, c) for n, c in counts if c < self._num_repeats + MAX_RACE_ROUNDS]
+
+        racing: list[tuple[str, int]] = []
         noise = relative_noise(contenders)
-        if noise is None or len(contenders) < 2:
-            return False
-        leader, *others = contenders
-        rivals = [
-            r
-            for r in others
-            if could_be_better(
-                leader, r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
-            )
+        # The race is for the top: the best few of the re-measured (every variant's best is
+        # re-measured for its own standing, not to race).
+        top = contenders[: MAX_REMEASURE_FACTOR * self._tuning.num_remeasure]
+        if noise is not None and len(top) >= 2:
+            leader, *others = top
+            rivals = [
+                r
+                for r in others
+                if could_be_better(
+                    leader, r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
+                )
+            ]
+            racing = open_rounds([leader, *rivals])
+            if not racing or racing[0][0] != leader.name or len(racing) < 2:
+                racing = []  # the leader is done racing, or nothing races it
+        # Measured again for a reason the disturbance spoiled: once more, up to the bound.
+        queued = Counter(split_repeat(n)[0] for n in self._repeats)
+        disturbed = [
+            r for r in contenders if r.num_disturbed and r.num_undisturbed < queued[r.name]
         ]
-        queued = {
-            n: sum(1 for q in self._repeats if split_repeat(q)[0] == n)
-            for n in (r.name for r in (leader, *rivals))
-        }
-        racing = [n for n, count in queued.items() if count < self._num_repeats + MAX_RACE_ROUNDS]
-        if leader.name not in racing or len(racing) < 2:
-            return False
-        self._repeats += [repeat_name(n, queued[n] + 1) for n in racing]
-        return True
+        racing += [(n, c) for n, c in open_rounds(disturbed) if n not in dict(racing)]
+        self._repeats += [repeat_name(n, count + 1) for n, count in racing]
+        return bool(racing)
 
     def _finish(self, reason: str) -> None:
         self._note_unreached(reason)

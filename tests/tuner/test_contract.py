@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.tuner import Candidate, Phase, Tuner, split_repeat
-from autotune.tuner.tuner import MAX_RACE_ROUNDS, MAX_REMEASURE_FACTOR
+from autotune.tuner.tuner import MAX_RACE_ROUNDS
 from tests.tuner.landscape import FakeClock, Landscape, drive
 from tests.tuner.tuners import small_config, small_tuner
 
@@ -96,23 +96,24 @@ def test_remeasures_the_top_candidates_and_ranks_by_the_median(tuner_type: str) 
     tuner = small_tuner(tuner_type, num_remeasure=3)
     asked = drive(tuner, Landscape(noise=0.2, seed=1))
     repeats = [c for c in asked if c.phase is Phase.remeasure]
-    repeated = {c.repeat_of for c in repeats}
-    assert 3 <= len(repeated) <= MAX_REMEASURE_FACTOR * 3
     per_config = Counter(c.repeat_of for c in repeats)
-    assert all(2 <= n <= 2 + MAX_RACE_ROUNDS for n in per_config.values())
+    assert all(1 <= n <= 2 + MAX_RACE_ROUNDS for n in per_config.values())
     assert all(c.name == f"{c.repeat_of}_r{split_repeat(c.name)[1]}" for c in repeats)
     summary = tuner.summary()
+    # The top three and every variant's best were measured twice more at least.
+    claims = [r.name for r in summary.ranking[:3]] + [
+        r.name for r in summary.best_per_variant.values()
+    ]
+    assert all(per_config[name] >= 2 for name in claims), per_config
     assert summary.best is not None and summary.best.num_measurements >= 3
-    assert summary.best.name in repeated
-    if len(repeated) < MAX_REMEASURE_FACTOR * 3:  # no single measurement outranks the best
-        assert summary.ranking[0].name == summary.best.name
+    assert summary.ranking[0].name == summary.best.name
     assert summary.top_two_within_noise is not None
 
 
 def test_contenders_within_the_noise_race_on_and_clear_ones_do_not(tuner_type: str) -> None:
     quiet = small_tuner(tuner_type, num_remeasure=3)
     repeats = [c for c in drive(quiet, Landscape()) if c.phase is Phase.remeasure]
-    assert set(Counter(c.repeat_of for c in repeats).values()) == {2}  # nothing to race
+    assert set(Counter(c.repeat_of for c in repeats).values()) <= {1, 2}  # nothing to race
 
     noisy = small_tuner(tuner_type, num_remeasure=3)
     repeats = [c for c in drive(noisy, Landscape(noise=0.2, seed=1)) if c.phase is Phase.remeasure]
