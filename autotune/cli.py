@@ -154,7 +154,7 @@ def run(
     from autotune.display import Progress, print_report
     from autotune.results import ResultsDirError, ResultsLockedError
     from autotune.script import ScriptError, ScriptTarget
-    from autotune.tuning import TuningJob, tune
+    from autotune.tuning import TuningJob, check_job, tune
     from autotune.workloads import WorkloadError, parse_workload_args
 
     try:
@@ -211,11 +211,15 @@ def run(
         cpus_per_rank=cpus_per_rank,
         script=target,
     )
+    try:
+        check_job(job)  # before Ray starts: a bad workload or directory is known at once
+    except (WorkloadError, ResultsDirError, ResultsLockedError) as err:
+        raise fail(str(err)) from None
     console = Console(stderr=False)
     try:
         with (
             _make_runner(runner, ray_address, gpus_per_rank) as experiment_runner,
-            Progress(console, quiet, cfg.autotuning.tuner_num_trials) as progress,
+            Progress(console, quiet) as progress,
         ):
             report = tune(job, experiment_runner, on_event=progress, max_concurrent=max_concurrent)
     except (WorkloadError, ResultsDirError, ResultsLockedError, ConfigError) as err:

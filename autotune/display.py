@@ -21,10 +21,9 @@ if TYPE_CHECKING:
 class Progress:
     """Live status while tuning; with ``quiet``, one plain log line per experiment instead."""
 
-    def __init__(self, console: Console, quiet: bool, num_trials: int) -> None:
+    def __init__(self, console: Console, quiet: bool) -> None:
         self.console = console
         self.quiet = quiet
-        self.num_trials = num_trials
         self.started = time.monotonic()
         self.running: list[str] = []  # "name (phase)" of each experiment in flight
         self.run_here = 0  # experiments finished by this process (not replayed from the log)
@@ -32,7 +31,10 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if not self.quiet:
-            self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4)
+            # Transient: an error or the final report follows on a line of its own.
+            self._live = Live(
+                Text("starting..."), console=self.console, refresh_per_second=4, transient=True
+            )
             self._live.__enter__()
         return self
 
@@ -70,14 +72,14 @@ class Progress:
         table.add_row(
             "experiments",
             f"{done} done ({summary.num_failed} failed/oom), {summary.num_pruned} not run, "
-            f"search capped at {self.num_trials}",
+            f"search at most {summary.search_bound}",
         )
         if summary.best is not None:
             value = summary.metric.display(summary.best.value)
             table.add_row("best so far", f"{summary.best.name}  {value}")
         remaining = ""
         if self.run_here:  # the pace of this process, not of replayed history
-            left = max(0, self.num_trials - done) * elapsed / self.run_here
+            left = max(0, summary.search_bound - done) * elapsed / self.run_here
             remaining = f", search at most ~{left:.0f} s more (plus re-measurements)"
         table.add_row("elapsed", f"{elapsed:.0f} s{remaining}")
         for index, running in enumerate(self.running):

@@ -369,6 +369,21 @@ class _Slots:
         return max(1, min(fits, self._max_concurrent or fits))
 
 
+def check_job(job: TuningJob) -> None:
+    """What can be checked before anything starts (Ray takes seconds): the workload builds
+    and runs a forward on the meta device, and the results directory can hold this job.
+
+    Raises:
+        WorkloadError: the workload spec or its arguments are unusable.
+        ResultsDirError / ResultsLockedError: the results directory cannot be used.
+    """
+    from autotune.workloads import check_workload
+
+    if job.script is None:
+        check_workload(job.workload, job.workload_args, seed=job.config.autotuning.seed)
+    ResultsDir.check(job.results_path, job.fingerprint(), overwrite=job.overwrite)
+
+
 def workload_model_info(job: TuningJob) -> ModelInfo:
     """Profile the job's workload (sizes, activations, FLOPs) before any experiment.
 

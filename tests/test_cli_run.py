@@ -6,6 +6,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +147,32 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], messag
     proc = run_autotune("run", "--results-dir", str(tmp_path / "r"), "--runner", "local", *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("problem", ["workload", "results dir is a file"])
+def test_bad_input_is_refused_before_ray_starts(tmp_path: Path, problem: str) -> None:
+    """The error comes alone on stderr, before any worker starts (Ray takes seconds)."""
+    results = tmp_path / "results"
+    args = ["run", "--results-dir", str(results)]
+    if problem == "workload":
+        args += ["--workload", "no_such_module_xyz:build"]
+    else:
+        results.write_text("mine")
+    probe = (
+        "import sys\nfrom autotune.cli import main\n"
+        f"sys.argv = ['autotune', *{args!r}]\n"
+        "try:\n    main()\nexcept SystemExit as exit_:\n"
+        "    print('ray imported:', 'ray' in sys.modules, file=sys.stderr)\n"
+        "    raise\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    error, imported = proc.stderr.strip().splitlines()
+    assert error.startswith("error: ") and imported == "ray imported: False", proc.stderr
+    if problem != "workload":
+        assert results.read_text() == "mine"
 
 
 def test_unwritable_results_dir_exits_2(tmp_path: Path) -> None:

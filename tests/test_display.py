@@ -16,7 +16,7 @@ from tests.runner.sim_cluster import tuning_job
 
 def test_every_running_experiment_is_shown(tmp_path: Path) -> None:
     out = io.StringIO()
-    progress = Progress(Console(file=out, width=200), quiet=True, num_trials=100)
+    progress = Progress(Console(file=out, width=200), quiet=True)
     tables = []
 
     def watch(event: TuningEvent) -> None:

@@ -17,6 +17,7 @@ line is in the log is finished and is never run again; one without is re-run on 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,29 +98,60 @@ class ResultsDir:
             raise
         return results
 
-    def _prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
-        stored_path = self.path / FINGERPRINT_NAME
-        if overwrite:
-            self.clear()
-        elif stored_path.exists():
-            stored = json.loads(stored_path.read_text(encoding="utf-8"))
-            if stored.get("tuned") != fingerprint.get("tuned"):
-                differing = sorted(
-                    key
-                    for key in set(stored.get("tuned", {})) | set(fingerprint.get("tuned", {}))
-                    if stored.get("tuned", {}).get(key) != fingerprint.get("tuned", {}).get(key)
-                )
+    @classmethod
+    def check(
+        cls, path: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False
+    ) -> None:
+        """Raise what :meth:`open` would, without creating the directory or writing any
+        result: for a run to refuse a directory before it starts its workers.
+
+        Raises:
+            ResultsDirError: the path is a file, or the directory holds a different job.
+            ResultsLockedError: another live run holds it.
+        """
+        results = cls(path)
+        if results.path.exists() and not results.path.is_dir():
+            raise ResultsDirError(f"results directory {path} is a file, not a directory")
+        if not results.path.exists():
+            ancestor = next(p for p in results.path.absolute().parents if p.exists())
+            if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
                 raise ResultsDirError(
-                    f"{self.path} holds results of a different tuning job (differs in: "
-                    f"{', '.join(differing)}); use another --results-dir or --overwrite"
+                    f"cannot create results directory {path}: {ancestor} is not a writable "
+                    "directory"
                 )
             return
+        if not _writable(results.path):
+            raise ResultsDirError(f"results directory {path} is not writable")
+        results._lock.acquire()
+        try:
+            if not overwrite:
+                results._refuse_another_job(dict(fingerprint))
+        finally:
+            results._lock.release()
+
+    def _prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
+        if overwrite:
+            self.clear()
+        else:
+            self._refuse_another_job(fingerprint)
+        if not (self.path / FINGERPRINT_NAME).exists():
+            atomic_write_json(self.path / FINGERPRINT_NAME, fingerprint)
+
+    def _refuse_another_job(self, fingerprint: Mapping[str, Any]) -> None:
+        stored_path = self.path / FINGERPRINT_NAME
+        if stored_path.exists():
+            stored = json.loads(stored_path.read_text(encoding="utf-8"))
+            differing = _differences(stored.get("tuned", {}), fingerprint.get("tuned", {}))
+            if differing:
+                raise ResultsDirError(
+                    f"{self.path} holds results of a different tuning job (differs in: "
+                    f"{'; '.join(differing)}); use another --results-dir or --overwrite"
+                )
         elif (self.path / LOG_NAME).exists():
             raise ResultsDirError(
                 f"{self.path} has an experiment log but no {FINGERPRINT_NAME}; "
                 "use another --results-dir or --overwrite"
             )
-        atomic_write_json(stored_path, fingerprint)
 
     def clear(self) -> None:
         """Delete everything a previous run wrote (the lock stays)."""
@@ -244,6 +276,27 @@ class ResultsDir:
     def study_url(self) -> str:
         """Where the model-based tuner keeps its Optuna study (SQLite)."""
         return f"sqlite:///{(self.path / STUDY_NAME).resolve()}"
+
+
+# What a fingerprint's keys mean to a person, where the key alone does not say it.
+_FINGERPRINT_WORDS = {"script.sha256": "the script file's contents", "script.args": "its arguments"}
+
+
+def _differences(stored: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """What differs between two fingerprints' ``tuned`` entries, by dotted key and, where
+    short, the values: ``script.args (['--lr', '1'] then ['--lr', '2'])``."""
+    found = []
+    for key in sorted(set(stored) | set(new)):
+        path, old, now = f"{prefix}{key}", stored.get(key), new.get(key)
+        if old == now:
+            continue
+        if isinstance(old, Mapping) and isinstance(now, Mapping) and prefix == "":
+            found += _differences(old, now, f"{path}.")
+            continue
+        said = _FINGERPRINT_WORDS.get(path, path)
+        shown = f"{old!r} then {now!r}"
+        found.append(f"{said} ({shown})" if len(shown) <= 120 and "sha256" not in path else said)
+    return found
 
 
 def _writable(directory: Path) -> bool:

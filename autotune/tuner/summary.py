@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,11 @@ class TuningSummary:
         num_disturbed: measurements taken while other processes competed for the ranks'
             cores (see :mod:`autotune.profiling.interference`); a configuration ranks on the
             others where it has any.
+        search_bound: the most search experiments the run can make (the trial cap, or fewer
+            where the space holds fewer); re-measurements come on top.
+        short_windows: configurations whose profile window lasted under the tuner's
+            ``MIN_WINDOW_S``, with its median length in seconds: too short to rank on.
+        window_steps: optimizer steps in the profile window.
     """
 
     metric: Metric
@@ -48,6 +54,9 @@ class TuningSummary:
     tuning_time_s: float = 0.0
     stop_reason: str = ""
     num_disturbed: int = 0
+    search_bound: int = 0
+    short_windows: Mapping[str, float] = field(default_factory=dict)
+    window_steps: int = 0
 
     def notes(self) -> list[str]:
         """What a person should know before acting on the ranking, one line each."""
@@ -59,6 +68,15 @@ class TuningSummary:
                 f"note: {self.num_disturbed} measurements were taken while other processes "
                 "competed for the ranks' cores; a configuration ranks on its undisturbed ones "
                 "where it has any, and the contenders were measured again"
+            )
+        if self.short_windows:
+            seconds = sorted(self.short_windows.values())
+            wanted = math.ceil(self.window_steps * 0.5 / max(seconds[0], 1e-6))
+            lines.append(
+                f"note: the profile window of {len(seconds)} configurations lasted "
+                f"{seconds[0]:.2f}-{seconds[-1]:.2f} s, too short to rank on (one busy "
+                "millisecond is a large share of it); they were not raced. Lengthen it: "
+                f"about {wanted} steps between start_profile_step and end_profile_step"
             )
         if self.disturbed_only:
             lines.append(
@@ -94,4 +112,5 @@ class TuningSummary:
             "stop_reason": self.stop_reason,
             "num_disturbed": self.num_disturbed,
             "disturbed_only": list(self.disturbed_only),
+            "short_windows": dict(self.short_windows),
         }

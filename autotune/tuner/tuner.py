@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import random
 import re
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -100,6 +102,10 @@ MAX_REMEASURE_FACTOR = 2
 MAX_RACE_ROUNDS = 4
 RACE_CONFIDENCE_Z = 1.64
 RACE_TOLERANCE = 0.02
+# A profile window shorter than this measures the machine's jitter (on 2 CPU cores, windows
+# of 0.1 s varied by 36-162% run to run): such configurations are re-measured as usual but
+# never raced or let in by the noise, and the summary says to lengthen the window.
+MIN_WINDOW_S = 0.5
 
 
 # Knob points model_based tries on its favourite variant before searching the others.
@@ -367,7 +373,23 @@ class Tuner:
             num_disturbed=sum(
                 1 for r in self._results.values() if r.metrics is not None and r.metrics.disturbed
             ),
+            search_bound=self._search_bound(),
+            short_windows={
+                name: seconds
+                for name, seconds in self._short_windows().items()
+                if name in self._entries
+            },
+            window_steps=self._tuning.end_profile_step - self._tuning.start_profile_step + 1,
         )
+
+    def _search_bound(self) -> int:
+        """``tuner_num_trials``, or fewer where the space holds fewer: every size of each
+        variant's ladder, then its knob points at one micro-batch."""
+        space = sum(
+            len(plan.ladder) + (math.prod(len(v) for _, v in plan.knobs) if plan.knobs else 0)
+            for plan in self._space.plans
+        )
+        return min(self._tuning.tuner_num_trials, space)
 
     def optimal_config(self) -> dict[str, Any] | None:
         """The user's config with the best values, ``autotuning`` removed, batch triad resolved.
@@ -736,13 +758,19 @@ class Tuner:
             r for r in rank(self._results.values(), self._tuning.metric) if r.name in self._entries
         ]
         contenders = ranking[:limit]
-        noise = relative_noise([r for r in ranking if r.name in repeated])
-        if noise is not None and ranking:
+        measurable = [r for r in ranking if r.name not in self._short_windows()]
+        noise = relative_noise([r for r in measurable if r.name in repeated])
+        if noise is not None and measurable:
             contenders += [
                 r
-                for r in ranking[limit:]
-                if could_be_better(
-                    ranking[0], r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
+                for r in measurable
+                if r not in contenders
+                and could_be_better(
+                    measurable[0],
+                    r,
+                    noise,
+                    confidence_z=RACE_CONFIDENCE_Z,
+                    tolerance=RACE_TOLERANCE,
                 )
             ]
         newcomers = [r.name for r in contenders if r.name not in repeated]
@@ -755,6 +783,16 @@ class Tuner:
         if newcomers or self._promote(ranking):
             return True
         return self._race([r for r in ranking if r.name in repeated])
+
+    def _short_windows(self) -> dict[str, float]:
+        """Configurations whose profile window lasted under :data:`MIN_WINDOW_S` (median
+        over their ok runs), with that median."""
+        windows: dict[str, list[float]] = {}
+        for name, result in self._results.items():
+            if result.ok and result.timings.window_s > 0:
+                windows.setdefault(split_repeat(name)[0], []).append(result.timings.window_s)
+        medians = {name: statistics.median(seconds) for name, seconds in windows.items()}
+        return {name: s for name, s in medians.items() if s < MIN_WINDOW_S}
 
     def _promote(self, ranking: list[Ranked]) -> bool:
         """Give a suspect measured once again (see :meth:`_suspects`) whose check beat its
@@ -813,10 +851,12 @@ class Tuner:
             return [(n, c) for n, c in counts if c < self._num_repeats + MAX_RACE_ROUNDS]
 
         racing: list[tuple[str, int]] = []
-        noise = relative_noise(contenders)
         # The race is for the top: the best few of the re-measured (every variant's best is
         # re-measured for its own standing, not to race).
-        top = contenders[: MAX_REMEASURE_FACTOR * self._tuning.num_remeasure]
+        short = self._short_windows()
+        top = [r for r in contenders if r.name not in short]
+        top = top[: MAX_REMEASURE_FACTOR * self._tuning.num_remeasure]
+        noise = relative_noise(top)
         if noise is not None and len(top) >= 2:
             leader, *others = top
             rivals = [

@@ -75,9 +75,35 @@ def test_a_different_job_is_refused_not_reused(tmp_path: Path) -> None:
     with ResultsDir.open(tmp_path, FINGERPRINT) as first:
         first.record(make_spec("a"), make_result("a"))
     other = {"tuned": {"workload": "mlp", "world_size": 2}}
-    with pytest.raises(ResultsDirError, match=r"different tuning job \(differs in: workload\)"):
+    match = r"different tuning job \(differs in: workload \('gpt' then 'mlp'\)\)"
+    with pytest.raises(ResultsDirError, match=match):
         ResultsDir.open(tmp_path, other)
+    with pytest.raises(ResultsDirError, match=match):
+        ResultsDir.check(tmp_path, other)  # before a run starts anything
     assert (tmp_path / "experiments.jsonl").exists()  # nothing lost
+
+
+def test_a_script_job_names_what_of_the_script_differs(tmp_path: Path) -> None:
+    def job(args: list[str], sha256: str) -> dict[str, object]:
+        script = {"script": "/x/train.py", "args": args, "sha256": sha256}
+        return {"tuned": {"script": script, "world_size": 2}}
+
+    with ResultsDir.open(tmp_path, job(["--lr", "1"], "aaa")):
+        pass
+    with pytest.raises(
+        ResultsDirError, match=r"its arguments \(\['--lr', '1'\] then \['--lr', '2'\]\)\)"
+    ):
+        ResultsDir.check(tmp_path, job(["--lr", "2"], "aaa"))
+    with pytest.raises(ResultsDirError, match=r"differs in: the script file's contents\)"):
+        ResultsDir.check(tmp_path, job(["--lr", "1"], "bbb"))
+
+
+def test_a_file_is_no_results_directory(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("mine")
+    with pytest.raises(ResultsDirError, match="is a file, not a directory"):
+        ResultsDir.check(path, FINGERPRINT)
+    assert path.read_text() == "mine"
 
 
 def test_overwrite_starts_afresh(tmp_path: Path) -> None:

@@ -179,3 +179,24 @@ def test_the_same_seed_proposes_the_same_experiments(tuner_type: str) -> None:
         return [c.name for c in drive(small_tuner(tuner_type, seed=seed), Landscape(noise=0.05))]
 
     assert names(0) == names(0)
+
+
+@dataclass
+class ShortWindows(Landscape):
+    """Every window lasts 0.05 s and measures mostly jitter (30% noise)."""
+
+    def run(self, candidate: Candidate) -> ExperimentResult:
+        result = super().run(candidate)
+        return replace(result, timings=replace(result.timings, window_s=0.05))
+
+
+def test_a_window_too_short_to_measure_is_flagged_not_raced(tuner_type: str) -> None:
+    tuner = small_tuner(tuner_type, num_remeasure=3)
+    repeats = [
+        c for c in drive(tuner, ShortWindows(noise=0.3, seed=1)) if c.phase is Phase.remeasure
+    ]
+    assert max(Counter(c.repeat_of for c in repeats).values()) <= 2  # re-measured, not raced
+    summary = tuner.summary()
+    assert summary.short_windows and all(s == 0.05 for s in summary.short_windows.values())
+    (note,) = [line for line in summary.notes() if "too short to rank on" in line]
+    assert "they were not raced" in note and "steps between start_profile_step" in note
