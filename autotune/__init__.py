@@ -6,22 +6,26 @@ first use so that ``import autotune`` and ``autotune --help`` stay fast.
 
 from __future__ import annotations
 
+from typing import Any
+
 from autotune.config import Config, ConfigError, load_config
 from autotune.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
-# DeepSpeed's names, so that a training script runs with ``import autotune as deepspeed``.
-_LAZY = {
-    "initialize": "autotune.engine",
-    "add_config_arguments": "autotune.engine.launch",
-    "init_distributed": "autotune.engine.launch",
-    "load_results": "autotune.results",
-}
-_SUBMODULES = ("accelerator", "comm", "utils", "zero")  # deepspeed.accelerator, ...
+# DeepSpeed's names, so that a training script runs with ``import autotune as deepspeed``: what
+# autotune.deepspeed serves (``initialize``, ``comm``, ``zero``, ``runtime``, ...), and
+# load_results.
+_LAZY = {"load_results": "autotune.results"}
+_getattr = lazy_getattr("autotune", _LAZY)
 
 
-__getattr__ = lazy_getattr("autotune", _LAZY, _SUBMODULES)
+def __getattr__(name: str) -> Any:
+    import autotune.deepspeed as served
+
+    if name in served.__all__ or name in served.SERVED_MODULES:
+        return getattr(served, name)
+    return _getattr(name)
 
 
 __all__ = [

@@ -217,6 +217,11 @@ class Config(DeepSpeedConfig):
         data.update(copy.deepcopy(self.foreign_keys))
         return with_search_lists(data, self.search_space)
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """``key`` of :meth:`to_dict`: DeepSpeed's ``engine.config`` is the config dict, and
+        clients read it so (``engine.config.get("zero_optimization", {}).get("stage")``)."""
+        return self.to_dict().get(key, default)
+
     def to_json(self, full: bool = False, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(full=full), indent=indent)
 

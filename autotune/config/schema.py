@@ -90,6 +90,16 @@ AnyFloatOrAuto = Annotated[float | Literal["auto"], _float_validator(None, allow
 BoolOrAuto = Annotated[bool | Literal["auto"], BeforeValidator(_bool_or_auto)]
 
 
+def _interval(value: Any) -> Any:
+    if isinstance(value, float) and value == float("inf"):
+        return value  # never: accelerate sets steps_per_print to infinity
+    return _as_int(value, 1)
+
+
+# A step interval, or infinity for never.
+Interval = Annotated[int | float, BeforeValidator(_interval)]
+
+
 class Section(BaseModel):
     """A typed config section: unknown keys are errors, instances are immutable."""
 
@@ -525,7 +535,7 @@ class DeepSpeedConfig(Section):
     # printouts have no counterpart (the profile window and the memory accounting report).
     wall_clock_breakdown: StrictBool = False
     memory_breakdown: StrictBool = False
-    steps_per_print: PositiveInt = 10
+    steps_per_print: Interval = 10
     dump_state: StrictBool = False
     disable_allgather: StrictBool = Field(
         default=False, description="Accepted without effect (engine/settings.py)."

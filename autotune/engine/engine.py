@@ -137,6 +137,10 @@ class ZeroEngine(nn.Module):
         self.global_steps = 0
         self.skipped_steps = 0
         self._step_skipped = False
+        # The boundary a client set (set_gradient_accumulation_boundary), else None: counted.
+        self._boundary: bool | None = None
+        # DeepSpeed's flag that the last step was skipped (Accelerate reads it).
+        self.optimizer.overflow = False  # type: ignore[attr-defined]
         self._grad_norm: torch.Tensor | None = None  # 0-d, unscaled; read on demand
         self._param_ids = frozenset(id(p) for p in self.params)
         _ENGINES.add(self)
@@ -285,13 +289,21 @@ class ZeroEngine(nn.Module):
             return self.stage3.unpack(saved)
         return ActivationTracker.unpack(saved)
 
-    def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        """Gradients of ``loss``, averaged over ranks and accumulation steps, then reduced."""
+    def backward(
+        self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
+    ) -> torch.Tensor:
+        """Gradients of ``loss``, averaged over ranks and (with ``scale_wrt_gas``, as
+        DeepSpeed's default) over accumulation steps, then reduced at the boundary.
+
+        ``scale_wrt_gas=False`` is for a client that divides the loss itself (the HF
+        ``Trainer`` does).
+        """
         self.grads.begin_backward(self.is_gradient_accumulation_boundary())
         # Averaging over ranks and micro-batches is folded into the scale: the reduction sums.
-        scale = self.loss_scaler.scale / (self.gradient_accumulation_steps() * self.comm.world_size)
+        accumulation = self.gradient_accumulation_steps() if scale_wrt_gas else 1
+        scale = self.loss_scaler.scale / (accumulation * self.comm.world_size)
         with engine_backward():
-            (loss.float() * scale).backward()
+            (loss.float() * scale).backward(retain_graph=retain_graph)
         self.grads.finish_backward()
         if self.stage3 is not None:
             self.stage3.finish_backward()
@@ -313,7 +325,43 @@ class ZeroEngine(nn.Module):
             observer.on_optimizer_step(self)
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether this micro-batch ends an accumulation window: as the client set it, else
+        every ``gradient_accumulation_steps``-th micro-batch."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Say whether the coming backward ends the window, as DeepSpeed lets a client do that
+        then calls ``step()`` once per window (Accelerate does, for the HF ``Trainer`` too)."""
+        self._boundary = bool(is_boundary)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients accumulated so far: the next backward starts a window."""
+        del set_to_none
+        self.grads.zero()
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate without reducing, for clients that ask (Accelerate's ``accumulate``):
+        the engine reduces only at the boundary anyway. Refused from ZeRO-2 on, whose
+        gradients are partitioned every micro-batch, as DeepSpeed refuses it."""
+        if self.zero.stage >= 2:
+            raise RuntimeError(
+                f"no_sync() is not supported at ZeRO stage {self.zero.stage}: its gradients "
+                "are partitioned as they are produced (DeepSpeed refuses it too)"
+            )
+        yield
+
+    def destroy(self) -> None:
+        """Release the engine's hold on the model: its gradient and gathering hooks. The model
+        keeps this rank's parameters as the engine left them (at stage 3, its shards)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self.stage3 is not None:
+            self.stage3.remove_hooks()
+        _ENGINES.discard(self)
 
     def _optimizer_step(self, lr_kwargs: dict[str, Any]) -> None:
         scale = self.loss_scaler.scale
@@ -327,6 +375,7 @@ class ZeroEngine(nn.Module):
         needs_norm = fp16 or clipping > 0
         norm = float(self._grad_norm) if needs_norm else 0.0
         self._step_skipped = fp16 and not math.isfinite(norm)
+        self.optimizer.overflow = self._step_skipped  # type: ignore[attr-defined]
         if self._step_skipped:
             self.skipped_steps += 1
             self.loss_scaler.update(overflow=True)
@@ -426,8 +475,20 @@ class ZeroEngine(nn.Module):
     def gradient_clipping(self) -> float:
         return float(self.config.gradient_clipping)
 
-    def steps_per_print(self) -> int:
-        return int(self.config.steps_per_print)
+    def steps_per_print(self) -> float:
+        """Steps between progress prints (infinity: never, as Accelerate sets it)."""
+        return self.config.steps_per_print
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self.zero.stage >= 2
+
+    def zero_optimization_partition_weights(self) -> bool:
+        return self.zero.stage == 3
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Whether saving the model gathers whole weights at stage 3 (the config's
+        ``stage3_gather_16bit_weights_on_model_save``, off by default, as in DeepSpeed)."""
+        return self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save is True
 
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
@@ -573,6 +634,17 @@ class ZeroEngine(nn.Module):
         with self._full_params():
             return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
 
+    def _zero3_consolidated_16bit_state_dict(
+        self, exclude_frozen_parameters: bool = False
+    ) -> dict[str, torch.Tensor] | None:
+        """The whole model's state dict in its training dtype on rank 0, None on the others
+        (every rank must call it), as DeepSpeed's: what ``trainer.save_model()`` writes."""
+        state = self.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return state if self.comm.rank == 0 else None
+
     def save_model_state_dict(self, path: str | Path) -> None:
         """Write the full state dict to ``path`` from rank 0 (every rank must call this)."""
         state = self.module_state_dict()
@@ -595,12 +667,13 @@ class ZeroEngine(nn.Module):
 
 
 def engines_owning(
-    params: Sequence[nn.Parameter],
+    params: Sequence[torch.Tensor],
 ) -> list[tuple[ZeroEngine, list[nn.Parameter]]]:
-    """The live engines that train any of ``params``, each with its own of them."""
+    """The live engines that train any of ``params``, each with its own of them (tensors no
+    engine trains are in none)."""
     found = []
     for engine in list(_ENGINES):
-        own = [p for p in params if engine.owns(p)]
+        own = [p for p in params if isinstance(p, nn.Parameter) and engine.owns(p)]
         if own:
             found.append((engine, own))
     return found

@@ -266,6 +266,12 @@ class Stage3Params:
         if unit.grads_left == 0:
             self.done(index)
 
+    def remove_hooks(self) -> None:
+        """Stop gathering on forward (the engine is destroyed)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
     def finish_backward(self) -> None:
         """After backward: nothing but the persistent unit stays gathered."""
         for index, unit in enumerate(self.units):

@@ -17,7 +17,6 @@ tears down the process group the script made.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import runpy
@@ -33,16 +32,13 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import overlay
+from autotune.deepspeed.stand_in import standing_in
 from autotune.engine import hooks
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
 from autotune.profiling.window import StepTimer
-from autotune.runner.rank import RankOutcome, entries_set
+from autotune.runner.rank import RankOutcome
 from autotune.script import ScriptTarget
-
-# Submodules a DeepSpeed script imports (``import deepspeed.comm as dist``), served by autotune
-# where it has them.
-_DEEPSPEED_SUBMODULES = ("accelerator", "comm", "utils", "zero")
 
 
 class WindowDone(BaseException):
@@ -283,7 +279,7 @@ def script_environment(
     saved_handlers = list(logging.root.handlers)
     try:
         os.environ.update(torchrun_env(spec.world_size, rank, init_method, device))
-        with _deepspeed_alias(), _captured_output(spec.output_dir, rank):
+        with standing_in(), _captured_output(spec.output_dir, rank):
             yield
     finally:
         os.environ.clear()
@@ -313,19 +309,6 @@ def torchrun_env(
     if url.scheme == "tcp" and url.hostname and url.port:
         env.update(MASTER_ADDR=url.hostname, MASTER_PORT=str(url.port))
     return env
-
-
-@contextlib.contextmanager
-def _deepspeed_alias() -> Iterator[None]:
-    """``import deepspeed`` (and its submodules that autotune has) gives autotune."""
-    import autotune
-
-    aliases: dict[str, Any] = {"deepspeed": autotune}
-    for name in _DEEPSPEED_SUBMODULES:
-        with contextlib.suppress(ImportError):
-            aliases[f"deepspeed.{name}"] = importlib.import_module(f"autotune.{name}")
-    with entries_set(sys.modules, aliases):
-        yield
 
 
 @contextlib.contextmanager
