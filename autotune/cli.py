@@ -322,15 +322,55 @@ def _cell(column: str, value: Any) -> str:
 
 
 @app.command()
-def best(results_dir: Annotated[Path, typer.Argument(help="A results directory.")]) -> None:
-    """Print the path of the best config found (ds_config_optimal.json)."""
+def best(
+    results_dir: Annotated[Path, typer.Argument(help="A results directory.")],
+    command: Annotated[
+        bool,
+        typer.Option("--command", help="The command that trains the tuned script with it."),
+    ] = False,
+) -> None:
+    """Print the path of the best config found (ds_config_optimal.json), or with --command
+    the command that trains the tuned script with it (cmd_optimal.txt)."""
     from autotune.results import ResultsDir
-    from autotune.results.store import OPTIMAL_NAME
+    from autotune.results.store import COMMAND_NAME, OPTIMAL_NAME
 
-    path = ResultsDir(results_dir).optimal_path()
+    results = ResultsDir(results_dir)
+    path = results.optimal_path()
     if path is None:
         raise fail(f"{results_dir} has no {OPTIMAL_NAME} (has a run finished there?)")
-    typer.echo(str(path))
+    if not command:
+        typer.echo(str(path))
+        return
+    text = results.optimal_command()
+    if text is None:
+        raise fail(
+            f"{results_dir} has no {COMMAND_NAME}: it tuned a workload, not a script (train "
+            f"your script with --deepspeed_config {path})"
+        )
+    typer.echo(text)
+
+
+@app.command("exec", context_settings={"ignore_unknown_options": True})
+def exec_(
+    script: Annotated[
+        list[str],
+        typer.Argument(
+            help="After `--`: the training script and its arguments (or -m module ...).",
+            show_default=False,
+        ),
+    ],
+    nproc: Annotated[int, typer.Option("--nproc", "-n", min=1, help="Ranks on this node.")] = 1,
+) -> None:
+    """Train with a script on the built-in engine, unchanged: torchrun with autotune standing
+    in for DeepSpeed (a DeepSpeed script, an HF Trainer or an Accelerate loop).
+
+    Example: autotune exec --nproc 2 -- train.py --deepspeed ds_config_optimal.json
+    """
+    import subprocess
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launched = [*torchrun, "--nproc_per_node", str(nproc), "-m", "autotune.deepspeed", *script]
+    raise typer.Exit(subprocess.call(launched))
 
 
 @app.callback()

@@ -143,5 +143,7 @@ def print_report(console: Console, report: TuningReport) -> None:
         console.print(line, highlight=False, markup=False)
     if report.optimal_config_path is not None:
         console.print(f"optimal config: {report.optimal_config_path}", highlight=False)
+    if report.command is not None:
+        console.print(f"train with it: {report.command}", highlight=False, markup=False)
     else:
         console.print("no experiment ran ok; see summary.txt in the results directory")

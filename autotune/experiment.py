@@ -14,6 +14,9 @@ from typing import Any
 
 from autotune.script import ScriptTarget
 
+# An experiment's config in its folder, as the experiment's code reads it (config_read).
+CONFIG_NAME = "ds_config.json"
+
 
 class Status(str, enum.Enum):
     """How an experiment ended. Only ``ok`` results have metrics and rank."""
@@ -45,6 +48,9 @@ class ExperimentSpec:
         script: script mode: the user's training script to run instead of a workload.
         output_dir: where each rank leaves its script's stdout and stderr (``rank0.out``,
             ``rank0.err``, ...): the experiment's folder in the results directory.
+        client_config: script mode: the config file the script reads, in its place (the
+            user's keys, ``"auto"`` kept where a client fills it, the experiment's values set;
+            see :func:`autotune.config.overrides.as_client_reads`).
     """
 
     # What the job decides has no default here: a spec is made from a job (tuning.py's
@@ -63,6 +69,7 @@ class ExperimentSpec:
     flops_per_sample: float | None = None
     script: ScriptTarget | None = None
     output_dir: str | None = None
+    client_config: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.script is not None:
@@ -89,10 +96,17 @@ class ExperimentSpec:
     def window_steps(self) -> int:
         return self.end_profile_step - self.start_profile_step + 1
 
+    @property
+    def config_read(self) -> Mapping[str, Any]:
+        """The config as the experiment's code reads it: the client's form in script mode."""
+        return self.client_config if self.client_config is not None else self.ds_config
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["ds_config"] = dict(self.ds_config)
         data["workload_args"] = dict(self.workload_args)
+        if self.client_config is not None:
+            data["client_config"] = dict(self.client_config)
         return data
 
     @classmethod

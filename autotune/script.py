@@ -86,16 +86,35 @@ class ScriptTarget:
         """The config file the script's own arguments point at, if any."""
         return flag_value(self.args, CONFIG_FLAGS)
 
+    def command(self, ds_config: Mapping[str, Any], config_path: str, world_size: int) -> list[str]:
+        """The command that trains with ``ds_config`` on the built-in engine: ``autotune exec``
+        of the script, its mapped flags set to ``ds_config``'s values and its config argument
+        naming ``config_path`` (added as ``--deepspeed_config`` where it had none)."""
+        argv = self.argv(ds_config, config_path)[1:]
+        if config_flag(argv) is None:
+            argv += ["--deepspeed_config", config_path]
+        script = ["-m", self.module] if self.module else [self.path]
+        return ["autotune", "exec", "--nproc", str(world_size), "--", *script, *argv]
+
     def file_hash(self) -> str:
         """sha256 of the script's file: a changed script is a different tuning job."""
         with open(self.path, "rb") as source:
             return hashlib.sha256(source.read()).hexdigest()
 
-    def argv(self, ds_config: Mapping[str, Any]) -> list[str]:
+    def argv(self, ds_config: Mapping[str, Any], config_path: str | None = None) -> list[str]:
         """The script's ``sys.argv`` for an experiment of ``ds_config``.
 
         Every mapped key present in ``ds_config`` (and not ``"auto"``) sets its flag: an
         existing ``--flag VALUE`` or ``--flag=VALUE`` is rewritten, a missing one appended.
+        With ``config_path``, the script's own config argument (``--deepspeed_config`` or the
+        HF Trainer's ``--deepspeed`` with a value) names that file instead, as DeepSpeed's
+        autotuner gives each experiment its own config file.
+
+        Example:
+            >>> target = ScriptTarget("/t.py", None, ("--deepspeed", "ds.json", "--bs", "1"),
+            ...                       (("train_micro_batch_size_per_gpu", "--bs"),))
+            >>> target.argv({"train_micro_batch_size_per_gpu": 8}, "exp/ds_config.json")
+            ['/t.py', '--deepspeed', 'exp/ds_config.json', '--bs', '8']
         """
         args = list(self.args)
         for key, flag in self.arg_mappings:
@@ -103,6 +122,9 @@ class ScriptTarget:
             if value is None or value == "auto":
                 continue
             args = set_flag(args, flag, _flag_text(value))
+        own = config_flag(args)
+        if config_path is not None and own is not None:
+            args = set_flag(args, own, config_path)
         return [self.path, *args]
 
     def fingerprint(self) -> dict[str, Any]:
@@ -129,6 +151,11 @@ def flag_value(args: Sequence[str], flags: Sequence[str]) -> str | None:
             if arg.startswith(flag + "="):
                 return arg[len(flag) + 1 :]
     return None
+
+
+def config_flag(args: Sequence[str]) -> str | None:
+    """The flag of ``args`` that names a config file (see :data:`CONFIG_FLAGS`), if any."""
+    return next((flag for flag in CONFIG_FLAGS if flag_value(args, (flag,)) is not None), None)
 
 
 def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:

@@ -12,12 +12,14 @@ the moment it finishes, so a crash loses only the experiments in flight.
 from __future__ import annotations
 
 import platform
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune.config import Config, parse_size
+from autotune.config.overrides import as_client_reads
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
@@ -168,6 +170,7 @@ class TuningReport:
     optimal_config_path: Path | None
     num_resumed: int
     num_run_now: int
+    command: str | None = None  # script mode: the command that trains with the best
 
 
 def tune(
@@ -225,12 +228,41 @@ def tune(
         )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
-        optimal_path = results.write_optimal(optimal) if optimal is not None else None
+        optimal_path, command = None, None
+        if optimal is not None:
+            optimal_path = results.write_optimal(optimal_as_read(job, summary, optimal))
+            command = training_command(job, optimal, optimal_path)
+            if command is not None:
+                results.write_command(command)
         results.write_summary(
-            {**summary.to_dict(), "optimal_config": str(optimal_path) if optimal_path else None},
-            format_summary(summary, optimal_path, job),
+            {
+                **summary.to_dict(),
+                "optimal_config": str(optimal_path) if optimal_path else None,
+                "command": command,
+            },
+            format_summary(summary, optimal_path, job, command),
         )
-    return TuningReport(summary, job.results_path, optimal_path, len(replayed.history), run_now)
+    return TuningReport(
+        summary, job.results_path, optimal_path, len(replayed.history), run_now, command
+    )
+
+
+def optimal_as_read(
+    job: TuningJob, summary: TuningSummary, optimal: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The best config as it is trained with: for a script, in the form its client reads it
+    (the user's ``"auto"`` values kept for the HF Trainer or Accelerate to fill in)."""
+    if job.script is None:
+        return dict(optimal)
+    return as_client_reads(job.config.spec, summary.best_overrides, optimal)
+
+
+def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: Path) -> str | None:
+    """The command that trains the tuned script with the best config on the built-in engine
+    (None for a workload: its training script is the user's own)."""
+    if job.script is None:
+        return None
+    return shlex.join(job.script.command(optimal, str(optimal_path.resolve()), job.world_size))
 
 
 def _run_to_the_end(
@@ -449,6 +481,9 @@ def experiment_spec(
     output_dir: str | None = None,
 ) -> ExperimentSpec:
     tuning = job.config.autotuning
+    client_config = None
+    if job.script is not None:  # the file the script reads instead of its own
+        client_config = as_client_reads(job.config.spec, candidate.overrides, candidate.ds_config)
     return ExperimentSpec(
         name=candidate.name,
         ds_config=dict(candidate.ds_config),
@@ -464,10 +499,17 @@ def experiment_spec(
         cpus_per_rank=job.cpus_per_rank,
         script=job.script,
         output_dir=output_dir,
+        client_config=client_config,
     )
 
 
-def format_summary(summary: TuningSummary, optimal_path: Path | None, job: TuningJob) -> str:
+# The engine every experiment ran on, as the summary names it.
+ENGINE_LABEL = "autotune's built-in ZeRO engine"
+
+
+def format_summary(
+    summary: TuningSummary, optimal_path: Path | None, job: TuningJob, command: str | None = None
+) -> str:
     """The human-readable summary written next to ``summary.json``."""
     metric = summary.metric.value
     lines = [
@@ -485,7 +527,15 @@ def format_summary(summary: TuningSummary, optimal_path: Path | None, job: Tunin
         lines += summary.notes()
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
-            lines.append(f"train with it: deepspeed train.py --deepspeed_config {optimal_path}")
+            lines.append(f"measured on: {ENGINE_LABEL}")
+            if command is not None:
+                lines.append(f"train with it: {command}")
+            else:
+                lines.append(
+                    f"train with it: your DeepSpeed script with --deepspeed_config {optimal_path} "
+                    "(on the built-in engine: autotune exec --nproc "
+                    f"{job.world_size} -- train.py ...)"
+                )
     if summary.best_per_variant:
         lines.append("best per ZeRO variant:")
         for variant, ranked in summary.best_per_variant.items():

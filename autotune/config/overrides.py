@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.config.keys import parent_of
-from autotune.config.schema import TRIAD, spellings
+from autotune.config.schema import AUTO, TRIAD, spellings
 
 
 def set_key(spec: dict[str, Any], dotted: str, value: Any) -> None:
@@ -66,22 +66,60 @@ def overridden(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[st
 
 
 def overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``top`` laid over ``base``: sections merge key by key, ``top`` winning.
+    """``top`` laid over ``base``: sections merge key by key, ``top`` winning, except where
+    ``top`` says ``"auto"`` and ``base`` has a value (a client such as the HF Trainer filled
+    it in).
 
-    The batch triad is one setting: when ``top`` sets any of it, ``base``'s are dropped, so
+    The batch triad is one setting: when ``top`` changes any of it, ``base``'s are dropped, so
     the two never combine into three sizes that disagree.
 
     Example:
         >>> overlay({"fp16": {"enabled": True}, "zero_optimization": {"stage": 0, "x": 1}},
         ...         {"zero_optimization": {"stage": 2}})
         {'fp16': {'enabled': True}, 'zero_optimization': {'stage': 2, 'x': 1}}
+        >>> filled_by_client = {"optimizer": {"params": {"lr": 3e-5}}}
+        >>> overlay(filled_by_client, {"optimizer": {"params": {"lr": "auto"}}})
+        {'optimizer': {'params': {'lr': 3e-05}}}
     """
-    drop = TRIAD if any(key in top for key in TRIAD) else ()
+    changed = any(key in top and top[key] != AUTO and top[key] != base.get(key) for key in TRIAD)
+    drop = TRIAD if changed else ()
     merged = {key: value for key, value in base.items() if key not in drop}
     for key, value in top.items():
         below = merged.get(key)
         if isinstance(value, Mapping) and isinstance(below, Mapping):
             merged[key] = overlay(below, value)
-        else:
+        elif not (value == AUTO and key in merged):
             merged[key] = value
     return merged
+
+
+def as_client_reads(
+    spec: Mapping[str, Any], overrides: Mapping[str, Any], resolved: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The config file a client reads for a candidate: the user's config as written, with
+    the candidate's values set and ``autotuning`` removed, ``"auto"`` kept where the user
+    wrote it (the HF Trainer and Accelerate fill those in from their own arguments), and a
+    batch size the user wrote as a number set to what the candidate's batch makes of it.
+
+    Args:
+        spec: the config as the user wrote it.
+        overrides: the candidate's dotted-key values.
+        resolved: the candidate's config with the batch triad resolved.
+
+    Example:
+        >>> spec = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+        ...         "optimizer": {"params": {"lr": "auto"}}, "autotuning": {"fast": True}}
+        >>> as_client_reads(spec, {"train_micro_batch_size_per_gpu": 4,
+        ...                        "zero_optimization.stage": 2},
+        ...                 {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 8})
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'train_batch_size': 'auto', 'optimizer': {'params': {'lr': 'auto'}},
+         'train_micro_batch_size_per_gpu': 4, 'zero_optimization': {'stage': 2}}
+    """
+    result = copy.deepcopy({k: v for k, v in spec.items() if k != "autotuning"})
+    for key in TRIAD:
+        if key in result and result[key] != AUTO and key in resolved:
+            result[key] = resolved[key]
+    for key, value in overrides.items():
+        set_key(result, key, value)
+    return result

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from autotune.engine import reshard
 from autotune.results.files import atomic_write_text, atomic_writer
@@ -53,8 +54,13 @@ def save(
     tag: str | None,
     client_state: dict[str, Any],
     save_latest: bool = True,
+    exclude_frozen: bool = False,
 ) -> Path:
-    """Write a checkpoint of ``engine`` (every rank must call this); returns its folder."""
+    """Write a checkpoint of ``engine`` (every rank must call this); returns its folder.
+
+    ``exclude_frozen`` leaves out the parameters the engine does not train (a PEFT model's
+    frozen base): loading keeps the model's own values for them.
+    """
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     folder = Path(save_dir) / tag
     save_id = _agree(engine, uuid.uuid4().hex)
@@ -67,7 +73,8 @@ def save(
             "save_id": save_id,
             "format": FORMAT,
             "shape": _shape(engine),
-            "module": _module_state(engine),
+            "module": _module_state(engine, exclude_frozen),
+            "frozen_excluded": exclude_frozen,
             "global_steps": engine.global_steps,
             "micro_steps": engine.micro_steps,
             "skipped_steps": engine.skipped_steps,
@@ -92,8 +99,13 @@ def load(
     load_optimizer_states: bool,
     load_lr_scheduler_states: bool,
     load_module_only: bool,
+    load_module_strict: bool = True,
 ) -> tuple[str | None, dict[str, Any] | None]:
     """Restore ``engine`` from a checkpoint (every rank must call this).
+
+    Parameters the checkpoint left out (saved with ``exclude_frozen``) keep the model's own
+    values; with ``load_module_strict`` false, so do any others it lacks, and weights the
+    model does not have are ignored, as ``load_state_dict(strict=False)``.
 
     Returns ``(path, client_state)``, or ``(None, None)`` when there is no ``latest`` to
     follow, as DeepSpeed does on a first run.
@@ -118,10 +130,11 @@ def load(
         raise problem or CheckpointError(f"{folder}: another rank could not load its shard")
     optimizer_too = load_optimizer_states and not load_module_only
     with torch.no_grad():
+        module = _module_to_load(engine, state, load_module_strict)
         if same:
-            _restore_same_shape(engine, state, shards[0], optimizer_too)
+            _restore_same_shape(engine, module, shards[0], optimizer_too)
         else:
-            reshard.restore(engine, state, shards, optimizer_too)
+            reshard.restore(engine, {**state, "module": module}, shards, optimizer_too)
         if optimizer_too:
             engine.loss_scaler.load_state_dict(state["loss_scaler"])
     if not load_module_only:
@@ -153,14 +166,37 @@ def _shape(engine: ZeroEngine) -> dict[str, Any]:
     }
 
 
-def _module_state(engine: ZeroEngine) -> dict[str, torch.Tensor]:
-    """The model's state dict, less the partitioned parameters at stage 3 (in the shards)."""
+def _module_state(engine: ZeroEngine, exclude_frozen: bool) -> dict[str, torch.Tensor]:
+    """The model's state dict, less the partitioned parameters at stage 3 (in the shards) and,
+    with ``exclude_frozen``, less the parameters the engine does not train."""
     partitioned = {id(p) for p in engine.params} if engine.stage3 is not None else set()
     return {
         name: tensor.detach().cpu().clone()
         for name, tensor in engine.module.state_dict(keep_vars=True).items()
         if id(tensor) not in partitioned
+        and not (exclude_frozen and isinstance(tensor, nn.Parameter) and not engine.owns(tensor))
     }
+
+
+def _module_to_load(
+    engine: ZeroEngine, state: dict[str, Any], strict: bool
+) -> dict[str, torch.Tensor]:
+    """The saved weights, completed with the model's own where the checkpoint may lack them
+    (frozen parameters it excluded; anything, when not strict) and trimmed to what the model
+    has when not strict."""
+    saved = dict(state["module"])
+    own = engine.module.state_dict()
+    frozen = {
+        name
+        for name, p in engine.module.named_parameters()
+        if not engine.owns(p) and name not in saved
+    }
+    keep = set(own) if not strict else frozen if state.get("frozen_excluded") else set()
+    for name in keep - set(saved):
+        saved[name] = own[name]
+    if not strict:
+        saved = {name: tensor for name, tensor in saved.items() if name in own}
+    return saved
 
 
 def _shard_state(engine: ZeroEngine) -> dict[str, Any]:
@@ -241,9 +277,9 @@ def _check_compatible(state: dict[str, Any], engine: ZeroEngine, folder: Path) -
 
 
 def _restore_same_shape(
-    engine: ZeroEngine, state: dict[str, Any], shard: dict[str, Any], optimizer_too: bool
+    engine: ZeroEngine, module: dict[str, torch.Tensor], shard: dict[str, Any], optimizer_too: bool
 ) -> None:
-    _load_module(engine, state["module"])
+    _load_module(engine, module)
     if engine.stage3 is not None:
         engine.stage3.shard.copy_(shard["param_shard"])
         engine.stage3.invalidate()

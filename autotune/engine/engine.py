@@ -260,14 +260,17 @@ class ZeroEngine(nn.Module):
     # --- the training loop ----------------------------------------------------------------
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        observer = hooks.current()
+        if observer is not None:
+            observer.on_forward(self, args, kwargs)
         if self.stage3 is not None:
             self.stage3.begin_micro_step()
-        hooks = (
+        saved = (
             torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             if self.stage3 is not None or self._activations is not None
             else nullcontext()
         )
-        with hooks:
+        with saved:
             output = self.module(*args, **kwargs)
         self._check_memory("in forward")
         return output
@@ -581,11 +584,12 @@ class ZeroEngine(nn.Module):
         ``global_step<N>``) and, with ``save_latest``, point ``save_dir/latest`` at it (last,
         so it only ever names a complete checkpoint). Every rank must call this.
 
-        ``exclude_frozen_parameters`` is accepted and changes nothing (frozen parameters are
-        kept, so the checkpoint always resumes exactly).
+        ``exclude_frozen_parameters`` leaves out the parameters the engine does not train (a
+        PEFT model's base); loading keeps the model's own values for them.
         """
-        del exclude_frozen_parameters
-        checkpoint.save(self, save_dir, tag, dict(client_state or {}), save_latest)
+        checkpoint.save(
+            self, save_dir, tag, dict(client_state or {}), save_latest, exclude_frozen_parameters
+        )
         return True
 
     def load_checkpoint(
@@ -601,13 +605,14 @@ class ZeroEngine(nn.Module):
         """Restore a checkpoint (``tag``, else the one ``load_dir/latest`` names); returns
         ``(path, client_state)``, or ``(None, None)`` when there is none yet.
 
-        A checkpoint of another world size, stage or bucket layout is re-sharded.
+        A checkpoint of another world size, stage or bucket layout is re-sharded. With
+        ``load_module_strict`` false, weights the checkpoint lacks keep the model's values and
+        weights the model lacks are ignored.
 
         Raises:
             CheckpointError: it is missing or incomplete, or was saved with another precision,
                 optimizer or set of trained parameters.
         """
-        del load_module_strict  # always strict: a partial load would not resume exactly
         if custom_load_fn is not None:
             raise ValueError("load_checkpoint(custom_load_fn=...) is not supported")
         return checkpoint.load(
@@ -617,6 +622,7 @@ class ZeroEngine(nn.Module):
             load_optimizer_states=load_optimizer_states,
             load_lr_scheduler_states=load_lr_scheduler_states,
             load_module_only=load_module_only,
+            load_module_strict=load_module_strict,
         )
 
     # --- consolidated weights -------------------------------------------------------------
@@ -816,6 +822,11 @@ def initialize(
     _check_client_parts(loaded, optimizer, lr_scheduler)
     model_parameters, factory = _client_optimizer(optimizer, model_parameters)
     engine = ZeroEngine(model, loaded, group, model_parameters, device_memory_bytes, factory)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        # The client's instance now holds the engine's param groups, so what drives its rates
+        # (a scheduler bound to it that initialize() never saw, as Accelerate keeps one) drives
+        # the engine's: with DeepSpeed the client's instance is the one stepped.
+        optimizer.param_groups = engine.optimizer.param_groups
     if lr_scheduler is not None:
         engine.lr_scheduler = _client_scheduler(lr_scheduler, engine.optimizer, optimizer)
     if observer is not None:

@@ -23,6 +23,10 @@ class EngineObserver(Protocol):
         """The engine was built: its optimizer, scheduler and loader settings are final."""
         ...
 
+    def on_forward(self, engine: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The engine is about to run the model on these inputs."""
+        ...
+
     def on_optimizer_step(self, engine: Any) -> None:
         """An optimizer step (a gradient-accumulation boundary) finished, skipped or not."""
         ...

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.experiment import CONFIG_NAME, ExperimentResult, ExperimentSpec, Status
 from autotune.metric import Metric
 from autotune.results.files import append_line, atomic_write_json, atomic_write_text, read_jsonl
 from autotune.results.lock import DirectoryLock
@@ -32,6 +32,7 @@ from autotune.tuner.ranking import Ranked, ranking
 LOG_NAME = "experiments.jsonl"
 FINGERPRINT_NAME = "fingerprint.json"
 OPTIMAL_NAME = "ds_config_optimal.json"
+COMMAND_NAME = "cmd_optimal.txt"  # DeepSpeed's autotuner's name for it
 SUMMARY_NAME = "summary.json"
 SUMMARY_TEXT_NAME = "summary.txt"
 STUDY_NAME = "study.db"
@@ -48,7 +49,7 @@ class ResultsDir:
 
     Example:
         >>> import tempfile
-        >>> from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+        >>> from autotune.experiment import CONFIG_NAME, ExperimentResult, ExperimentSpec, Status
         >>> spec = ExperimentSpec("z1_mbs64", {"zero_optimization": {"stage": 1}}, "gpt", {},
         ...     world_size=2, start_profile_step=3, end_profile_step=5, timeout_s=600, seed=0,
         ...     cpus_per_rank=1)
@@ -155,7 +156,14 @@ class ResultsDir:
 
     def clear(self) -> None:
         """Delete everything a previous run wrote (the lock stays)."""
-        for name in (LOG_NAME, FINGERPRINT_NAME, OPTIMAL_NAME, SUMMARY_NAME, SUMMARY_TEXT_NAME):
+        for name in (
+            LOG_NAME,
+            FINGERPRINT_NAME,
+            OPTIMAL_NAME,
+            COMMAND_NAME,
+            SUMMARY_NAME,
+            SUMMARY_TEXT_NAME,
+        ):
             (self.path / name).unlink(missing_ok=True)
         for suffix in ("", "-journal", "-wal", "-shm"):
             (self.path / f"{STUDY_NAME}{suffix}").unlink(missing_ok=True)
@@ -183,7 +191,7 @@ class ResultsDir:
         """
         folder = self.experiment_dir(spec.name)
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(folder / "ds_config.json", dict(spec.ds_config))
+        atomic_write_json(folder / CONFIG_NAME, dict(spec.config_read))
         atomic_write_json(folder / "spec.json", spec.to_dict())
         if started is not None:
             atomic_write_json(folder / STARTED_NAME, dict(started))
@@ -267,6 +275,19 @@ class ResultsDir:
         path = self.path / OPTIMAL_NAME
         atomic_write_json(path, dict(ds_config))
         return path
+
+    def write_command(self, command: str) -> Path:
+        """Keep the command that trains with the best config (``cmd_optimal.txt``)."""
+        path = self.path / COMMAND_NAME
+        atomic_write_text(path, command + "\n")
+        return path
+
+    def optimal_command(self) -> str | None:
+        """The training command a finished script run wrote, or None."""
+        try:
+            return (self.path / COMMAND_NAME).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
 
     def write_summary(self, summary: Mapping[str, Any], text: str) -> None:
         atomic_write_json(self.path / SUMMARY_NAME, dict(summary))

@@ -17,10 +17,12 @@ tears down the process group the script made.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import runpy
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -34,7 +36,7 @@ import torch.distributed as dist
 from autotune.config import overlay
 from autotune.deepspeed.stand_in import standing_in
 from autotune.engine import hooks
-from autotune.experiment import ExperimentSpec, Metrics, Status
+from autotune.experiment import CONFIG_NAME, ExperimentSpec, Metrics, Status
 from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
 from autotune.profiling.window import StepTimer
 from autotune.runner.rank import RankOutcome
@@ -57,6 +59,11 @@ class ScriptNeverInitialized(RuntimeError):
 
 class ScriptExited(RuntimeError):
     """The script called ``sys.exit`` with a failure status."""
+
+
+class MicroBatchMismatch(RuntimeError):
+    """The script fed the engine micro-batches of another size than the experiment's: its
+    data loader does not follow the config, so the experiment would measure another one."""
 
 
 class ScriptObserver:
@@ -82,6 +89,7 @@ class ScriptObserver:
         self._steps_started = 0.0
         self._held_at_window_bytes = 0
         self._cpu_before: CpuSample | None = None
+        self._checked_micro_batch = False
         self.window_cpu: WindowCpu | None = None
         self.metrics: Metrics | None = None
 
@@ -92,10 +100,13 @@ class ScriptObserver:
 
         The experiment's keys win; what only the script sets (its optimizer, scheduler,
         precision, clipping, as DeepSpeedExamples' cifar builds in a dict) is kept, so the
-        experiment trains what the script trains rather than a bare config.
+        experiment trains what the script trains rather than a bare config; and where the
+        experiment's config says ``"auto"``, the value a client filled in (the HF Trainer, from
+        its arguments) stands.
         """
-        candidate = overlay(config, self.spec.ds_config) if config else dict(self.spec.ds_config)
-        kept = sorted(set(config or {}) - set(self.spec.ds_config) - {"autotuning"})
+        experiment = self.spec.config_read
+        candidate = overlay(config, experiment) if config else dict(self.spec.ds_config)
+        kept = sorted(set(config or {}) - set(experiment) - {"autotuning"})
         if kept:
             print(f"autotune: kept from the script's own config: {', '.join(kept)}", flush=True)
         if self.spec.device_memory_bytes is not None:
@@ -111,6 +122,22 @@ class ScriptObserver:
             self._start_counting()
         if self.spec.start_profile_step == 1:
             self._start_window()
+
+    def on_forward(self, engine: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Check once that the script feeds the experiment's micro-batch (the first dimension
+        of its first tensor input)."""
+        if self._checked_micro_batch:
+            return
+        self._checked_micro_batch = True
+        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()]
+        expected = int(engine.train_micro_batch_size_per_gpu())
+        if tensors and tensors[0].shape[0] != expected:
+            raise MicroBatchMismatch(
+                f"the script fed micro-batches of {tensors[0].shape[0]}, the experiment's is "
+                f"{expected}: its data loader must follow train_micro_batch_size_per_gpu (map it "
+                "onto the script's batch-size flag in autotuning.arg_mappings, e.g. "
+                '{"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"})'
+            )
 
     def on_optimizer_step(self, engine: Any) -> None:
         step = engine.global_steps
@@ -212,10 +239,11 @@ def run_script(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     observer = ScriptObserver(spec, device, started)
+    argv = script.argv(spec.ds_config, _config_file(spec, rank))
     try:
         with script_environment(spec, rank, init_method, device), hooks.observing(observer):
             try:
-                _run(script, script.argv(spec.ds_config))
+                _run(script, argv)
             except (WindowDone, SystemExit):
                 raise
             except BaseException:
@@ -244,6 +272,26 @@ def run_script(
         window_s=observer.window_s,
         window_cpu=observer.window_cpu.to_dict() if observer.window_cpu is not None else None,
     )
+
+
+def _config_file(spec: ExperimentSpec, rank: int) -> str | None:
+    """The experiment's config as its script reads it, in a file of its own: the experiment
+    folder's ``ds_config.json`` (written by the driver; written here too where the folder is
+    not shared with this node), else a file in this process's temporary directory."""
+    if spec.client_config is None:
+        return None
+    text = json.dumps(dict(spec.client_config), indent=2)
+    folder = spec.output_dir or tempfile.gettempdir()
+    path = os.path.join(folder, CONFIG_NAME if spec.output_dir else f"{spec.name}.{rank}.json")
+    with contextlib.suppress(OSError), open(path) as existing:
+        if existing.read() == text:
+            return path
+    os.makedirs(folder, exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as file:
+        file.write(text)
+    os.replace(partial, path)  # ranks writing the same file: each write is whole
+    return path
 
 
 def _last_stderr_line(output_dir: str | None, rank: int) -> str:

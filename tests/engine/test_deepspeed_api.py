@@ -208,6 +208,29 @@ def test_client_optimizer_and_scheduler_train_like_torch(form: str, stage: int) 
         torch.testing.assert_close(engine.module_state_dict()[name], value, msg=name)
 
 
+def test_a_scheduler_the_engine_never_saw_still_drives_the_rates() -> None:
+    """Accelerate keeps a client scheduler (a LambdaLR) bound to the client optimizer and steps
+    it itself: its rates must reach the engine's optimizer, as DeepSpeed steps that instance."""
+    expected = _model()
+    opt = torch.optim.AdamW(_groups(expected), lr=0.02)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    _plain_training(expected, opt, sched, steps=4)
+
+    model = _model()
+    client = torch.optim.AdamW(_groups(model), lr=0.02)
+    client_sched = torch.optim.lr_scheduler.LambdaLR(client, lambda step: 1.0 / (1 + step))
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=client, config=config)
+    for step in range(4):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(step))
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
+        client_sched.step()
+    assert engine.get_lr() == [g["lr"] for g in opt.param_groups]
+    for name, value in expected.state_dict().items():
+        torch.testing.assert_close(engine.module_state_dict()[name], value, msg=name)
+
+
 def test_client_optimizer_errors_name_the_fix() -> None:
     model = _model()
     stepped = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -269,6 +292,9 @@ class _Recorder:
 
     def on_engine(self, engine: Any) -> None:
         self.seen.append(engine.zero_optimization_stage())
+
+    def on_forward(self, engine: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        pass
 
     def on_optimizer_step(self, engine: Any) -> None:
         self.steps += 1
@@ -361,3 +387,38 @@ def test_training_data_gives_micro_batches_over_a_distributed_sampler() -> None:
     engine.backward(loss)
     engine.step()
     assert engine.global_steps == 1
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_checkpoint_without_frozen_parameters_keeps_the_models_own(
+    tmp_path: Path, stage: int
+) -> None:
+    """``save_checkpoint(exclude_frozen_parameters=True)`` (the HF Trainer's, for PEFT) leaves
+    the frozen base out; loading keeps the new model's values for it."""
+
+    def frozen_first_layer() -> torch.nn.Module:
+        model = _model()
+        model[0].requires_grad_(False)
+        return model
+
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+    }
+    engine, *_ = deepspeed.initialize(model=frozen_first_layer(), config=config)
+    _engine_training(engine, steps=2)
+    engine.save_checkpoint(tmp_path, exclude_frozen_parameters=True)
+    saved = torch.load(tmp_path / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)
+    assert not any(name.startswith("0.") for name in saved["module"])
+    trained = engine.module_state_dict()
+
+    fresh = frozen_first_layer()
+    with torch.no_grad():
+        fresh[0].weight.fill_(0.5)  # a base of its own
+    resumed, *_ = deepspeed.initialize(model=fresh, config=config)
+    path, _ = resumed.load_checkpoint(tmp_path)
+    assert path is not None and resumed.global_steps == 2
+    state = resumed.module_state_dict()
+    assert torch.equal(state["0.weight"], torch.full((8, 4), 0.5))
+    torch.testing.assert_close(state["2.weight"], trained["2.weight"])
