@@ -95,10 +95,14 @@ def test_an_experiment_takes_every_setting_from_its_job(tmp_path: Path) -> None:
 def test_a_run_an_earlier_version_left_in_its_default_directory_keeps_resuming_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The earlier run tuned the same default job, so the directory passes the pre-run check.
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    fingerprint = _job_of(monkeypatch).fingerprint()
     monkeypatch.chdir(tmp_path)
     earlier = tmp_path / EARLIER_DEFAULT_RESULTS_DIR
     earlier.mkdir()
-    (earlier / "fingerprint.json").write_text(json.dumps({"tuned": {}}))
+    (earlier / "fingerprint.json").write_text(json.dumps(fingerprint))
     with pytest.warns(UserWarning, match="resuming autotune_results, an earlier version's"):
         job = _job_of(monkeypatch)
     assert job.results_path == Path(EARLIER_DEFAULT_RESULTS_DIR)
