@@ -129,10 +129,11 @@ def not_run_lines(summary: TuningSummary) -> list[str]:
 def print_report(console: Console, report: TuningReport) -> None:
     summary = report.summary
     console.print(ranked_table(summary))
+    searched = summary.num_run - summary.num_remeasured
     console.print(
-        f"{summary.num_run} experiments ({report.num_resumed} from earlier runs), "
-        f"{summary.num_failed} failed or out of memory; "
-        f"stopped: {summary.stop_reason or 'search complete'}",
+        f"{summary.num_run} experiments ({searched} searched, {summary.num_remeasured} "
+        f"re-measured; {report.num_resumed} from earlier runs), {summary.num_failed} failed or "
+        f"out of memory; search stopped: {summary.stop_reason or 'search complete'}",
         highlight=False,
     )
     for name, why in summary.failed.items():
@@ -141,9 +142,9 @@ def print_report(console: Console, report: TuningReport) -> None:
         console.print(line, highlight=False, markup=False)
     for line in summary.notes():
         console.print(line, highlight=False, markup=False)
-    if report.optimal_config_path is not None:
-        console.print(f"optimal config: {report.optimal_config_path}", highlight=False)
+    if report.optimal_config_path is None:
+        console.print("no experiment ran ok; see summary.txt in the results directory")
+        return
+    console.print(f"optimal config: {report.optimal_config_path}", highlight=False)
     if report.command is not None:
         console.print(f"train with it: {report.command}", highlight=False, markup=False)
-    else:
-        console.print("no experiment ran ok; see summary.txt in the results directory")
