@@ -216,6 +216,12 @@ def run(
     except (WorkloadError, ResultsDirError, ResultsLockedError) as err:
         raise fail(str(err)) from None
     console = Console(stderr=False)
+    console.print(
+        f"autotune: tuning {job.label} at world size {job.world_size} by "
+        f"{cfg.autotuning.metric.value}; results in {job.results_path}",
+        highlight=False,
+        markup=False,
+    )
     try:
         with (
             _make_runner(runner, ray_address, gpus_per_rank) as experiment_runner,
@@ -304,7 +310,10 @@ def report(
         for _, row in frame[list(columns)].iterrows():
             table.add_row(*(_cell(column, row[column]) for column in columns))
         if not runs and frame["runs"].max() > 1 and (frame["runs"] == 1).any():
-            table.caption = "measured once: after the configurations measured again"
+            table.caption = (
+                "configurations measured once are listed after those measured again: "
+                "one lucky run is not declared best"
+            )
         # Piped output gets a wide table rather than rich's 80-column default.
         Console(width=shutil.get_terminal_size((160, 24)).columns).print(table)
 
@@ -368,6 +377,14 @@ def exec_(
     """
     import subprocess
 
+    from autotune.deepspeed import SERVED_VERSION
+
+    typer.echo(
+        f"autotune exec: {' '.join(script[:2] if script[:1] == ['-m'] else script[:1])} on "
+        f"{nproc} rank(s), autotune's built-in ZeRO engine standing in for DeepSpeed "
+        f"{SERVED_VERSION}",
+        err=True,
+    )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     launched = [*torchrun, "--nproc_per_node", str(nproc), "-m", "autotune.deepspeed", *script]
     raise typer.Exit(subprocess.call(launched))

@@ -8,6 +8,7 @@ stores them. Nothing here imports torch or Ray.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -229,10 +230,19 @@ class ExperimentResult:
     started_at: str = ""  # ISO 8601, UTC
     timings: Timings = field(default_factory=Timings)
     node_ids: tuple[str, ...] = ()  # where each rank ran (hostname or Ray node id)
+    # Script mode: the script ended (returned or exited 0) after this many optimizer steps,
+    # before the profile window was complete.
+    ended_after_steps: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.status is Status.ok
+
+    @property
+    def ended_early(self) -> bool:
+        """The script ended before its profile window did (too little data, or a step limit
+        of its own): not a verdict on the config's speed or memory."""
+        return self.ended_after_steps is not None
 
     @property
     def duration_s(self) -> float:
@@ -252,6 +262,7 @@ class ExperimentResult:
             "started_at": self.started_at,
             "timings": asdict(self.timings),
             "node_ids": list(self.node_ids),
+            "ended_after_steps": self.ended_after_steps,
         }
 
     @classmethod
@@ -267,7 +278,16 @@ class ExperimentResult:
             started_at=data.get("started_at", ""),
             timings=Timings(**data.get("timings", {})),
             node_ids=tuple(data.get("node_ids", ())),
+            ended_after_steps=data.get("ended_after_steps", _ended_after_steps(data)),
         )
+
+
+def _ended_after_steps(data: Mapping[str, Any]) -> int | None:
+    """What a log line written before results carried ``ended_after_steps`` says of it."""
+    match = re.match(
+        r"ScriptFinishedEarly: the script finished after (\d+) ", str(data.get("error") or "")
+    )
+    return int(match.group(1)) if match else None
 
 
 def wall_time_s(results: Iterable[ExperimentResult]) -> float:

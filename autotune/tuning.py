@@ -514,7 +514,8 @@ def format_summary(
     metric = summary.metric.value
     lines = [
         f"autotune: {job.label} at world size {job.world_size}, metric {metric}",
-        f"experiments run: {summary.num_run} (failed {summary.num_failed}), "
+        f"experiments run: {summary.num_run} ({summary.num_run - summary.num_remeasured} "
+        f"searched, {summary.num_remeasured} re-measured; failed {summary.num_failed}), "
         f"not run: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
         f"stopped: {summary.stop_reason or 'search complete'}",
     ]

@@ -88,6 +88,7 @@ def combine_outcomes(
             failed_rank=cause.rank,
             started_at=started_at,
             node_ids=node_ids,
+            ended_after_steps=cause.ended_after_steps,
         )
     lead = ordered[0]
     if lead.metrics is None:  # a runner bug, still recorded rather than raised

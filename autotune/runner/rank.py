@@ -41,6 +41,8 @@ class RankOutcome:
     warmup_s: float = 0.0
     window_s: float = 0.0
     node_id: str = field(default_factory=lambda: os.uname().nodename)
+    # Script mode: the optimizer steps the script took when it ended before the window did.
+    ended_after_steps: int | None = None
     # What this rank saw of its node's CPUs over the window (profiling.interference.WindowCpu).
     window_cpu: dict[str, Any] | None = None
 
@@ -217,6 +219,7 @@ def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:
         error_detail="\n".join(detail),
         failed_at=time.time(),
         peer_failure=status is Status.error and is_lost_peer(exc),
+        ended_after_steps=getattr(exc, "ended_after_steps", None),
     )
 
 

@@ -49,7 +49,15 @@ class WindowDone(BaseException):
 
 
 class ScriptFinishedEarly(RuntimeError):
-    """The script returned (or exited 0) before the profile window was complete."""
+    """The script returned (or exited 0) before the profile window was complete.
+
+    ``ended_after_steps`` is the optimizer steps it had taken: the runner records it with the
+    result, for the tuner to tell running out of data from a step limit of the script's own.
+    """
+
+    def __init__(self, message: str, steps: int) -> None:
+        super().__init__(message)
+        self.ended_after_steps = steps
 
 
 class ScriptNeverInitialized(RuntimeError):
@@ -222,7 +230,8 @@ class ScriptObserver:
         return ScriptFinishedEarly(
             f"the script finished after {steps} optimizer steps, before end_profile_step "
             f"({self.last_step} steps are needed); give it more data or steps, or lower "
-            "autotuning.end_profile_step"
+            "autotuning.end_profile_step",
+            steps,
         )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import Metric
-from autotune.tuner.ranking import Ranked
+from autotune.tuner.ranking import Ranked, within_noise
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class TuningSummary:
         short_windows: configurations whose profile window lasted under the tuner's
             ``MIN_WINDOW_S``, with its median length in seconds: too short to rank on.
         window_steps: optimizer steps in the profile window.
+        num_remeasured: of ``num_run``, the re-measurements (the rest searched the space).
+        best_at_cap: why a larger micro-batch than the best's was never tried, when the best
+            runs at the largest the config allows (a larger one may be faster); else None.
     """
 
     metric: Metric
@@ -57,12 +60,32 @@ class TuningSummary:
     search_bound: int = 0
     short_windows: Mapping[str, float] = field(default_factory=dict)
     window_steps: int = 0
+    num_remeasured: int = 0
+    best_at_cap: str | None = None
+
+    @property
+    def num_tied(self) -> int:
+        """How many of the ranking's first configurations are within measurement noise of
+        the best (their measured ranges overlap its): 1 when the best stands alone."""
+        if self.best is None:
+            return 0
+        tied = 1
+        for ranked in self.ranking[1:]:
+            if not within_noise(self.best, ranked):
+                break
+            tied += 1
+        return tied
 
     def notes(self) -> list[str]:
         """What a person should know before acting on the ranking, one line each."""
         lines = []
-        if self.top_two_within_noise:
+        tied = self.num_tied
+        if tied > 2:
+            lines.append(f"note: the top {tied} are within measurement noise of each other")
+        elif self.top_two_within_noise:
             lines.append("note: the top two are within measurement noise of each other")
+        if self.best_at_cap:
+            lines.append(f"note: {self.best_at_cap}")
         if self.num_disturbed:
             lines.append(
                 f"note: {self.num_disturbed} measurements were taken while other processes "
@@ -72,11 +95,13 @@ class TuningSummary:
         if self.short_windows:
             seconds = sorted(self.short_windows.values())
             wanted = math.ceil(self.window_steps * 0.5 / max(seconds[0], 1e-6))
+            which = "configuration" if len(seconds) == 1 else f"{len(seconds)} configurations"
             lines.append(
-                f"note: the profile window of {len(seconds)} configurations lasted "
-                f"{seconds[0]:.2f}-{seconds[-1]:.2f} s, too short to rank on (one busy "
-                "millisecond is a large share of it); they were not raced. Lengthen it: "
-                f"about {wanted} steps between start_profile_step and end_profile_step"
+                f"note: the profile window of {which} lasted {seconds[0]:.2f}-{seconds[-1]:.2f}"
+                " s (median over its runs), too short to rank on (one busy millisecond is a "
+                "large share of it): measured again but not raced. Lengthen it: about "
+                f"{wanted} steps between start_profile_step and end_profile_step (the script "
+                "must run that many)"
             )
         if self.disturbed_only:
             lines.append(
@@ -112,5 +137,7 @@ class TuningSummary:
             "stop_reason": self.stop_reason,
             "num_disturbed": self.num_disturbed,
             "disturbed_only": list(self.disturbed_only),
+            "num_remeasured": self.num_remeasured,
+            "best_at_cap": self.best_at_cap,
             "short_windows": dict(self.short_windows),
         }

@@ -8,9 +8,11 @@ The flow (DeepSpeed's, with its bugs fixed), one phase after another:
    margin, else double) until a fit and a failure bracket it, then narrow the bracket (at the
    measured-memory guess where it falls inside, else bisecting) to a fit and a failure one
    size apart. An ``oom`` is a constraint: every larger micro-batch with the same stage
-   and knobs is pruned unrun. A script that ran out of data (:data:`RAN_OUT_OF_DATA`: its
-   loader has fewer batches at that micro-batch than the profile window needs) bounds every
-   variant alike: that micro-batch and every larger one are pruned everywhere. Variants are
+   and knobs is pruned unrun. A script that ran out of data (it ended early,
+   :attr:`ExperimentResult.ended_early`: its loader has fewer batches at that micro-batch than
+   the profile window needs) bounds every variant alike: that micro-batch and every larger one
+   are pruned everywhere. A script that ends after as many steps whatever the micro-batch has
+   a step limit of its own, which no config changes: the run ends saying so. Variants are
    searched one after another, in an order the tuner type decides (see
    :func:`variant_order`).
 2. ``micro_batch``: compare the largest fit and sizes about half apart below it
@@ -110,9 +112,6 @@ MIN_WINDOW_S = 0.5
 
 # Knob points model_based tries on its favourite variant before searching the others.
 FAVOURITE_KNOBS = 8
-# The error a script's run ends with when it finished before the profile window did: the
-# runner's exception type names it (``autotune.runner.script.ScriptFinishedEarly``).
-RAN_OUT_OF_DATA = "ScriptFinishedEarly"
 # Experiments that all failed with the same error, and none ok, that end the run: a failure
 # that does not depend on the config would fail every remaining experiment too.
 SAME_FAILURE_LIMIT = 3
@@ -274,6 +273,14 @@ class Tuner:
                 f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
                 f"(numbers aside), so every other would too: {error}"
             )
+        if self._phase is not Phase.done and (steps := self._step_limit()) is not None:
+            window = self._tuning.end_profile_step
+            self._finish(
+                f"the script ends after {steps} optimizer steps whatever the micro-batch (a "
+                f"limit of its own, such as --max_steps, not its data), before "
+                f"end_profile_step ({window}): give it more steps or lower "
+                "autotuning.end_profile_step"
+            )
         while self._phase is not Phase.done:
             name = self._next_name()
             if name is None:
@@ -380,6 +387,26 @@ class Tuner:
                 if name in self._entries
             },
             window_steps=self._tuning.end_profile_step - self._tuning.start_profile_step + 1,
+            num_remeasured=sum(1 for n in self._results if split_repeat(n)[1] > 0),
+            best_at_cap=self._at_cap(best),
+        )
+
+    def _at_cap(self, best: Ranked | None) -> str | None:
+        """Why no larger micro-batch than the best's was tried, where the best runs at the
+        largest its variant's sizes allow (and fitted): a larger one may be faster."""
+        entry = self._entries.get(best.name) if best is not None else None
+        plan = next((p for p in self._space.plans if entry and p.variant == entry.variant), None)
+        if entry is None or plan is None or entry.micro_batch_size != plan.ladder[-1]:
+            return None
+        where = (
+            "the largest listed in train_micro_batch_size_per_gpu"
+            if not plan.halving
+            else "the largest the batch limits allow (autotuning."
+            "max_train_micro_batch_size_per_gpu, max_train_batch_size)"
+        )
+        return (
+            f"the best runs at micro-batch {entry.micro_batch_size}, {where}, and fitted: a "
+            "larger one may be faster"
         )
 
     def _search_bound(self) -> int:
@@ -999,12 +1026,14 @@ class Tuner:
             return
         if result.ok:
             self._ok_sizes.add(entry.micro_batch_size)
-        elif ran_out_of_data(result):
+        elif result.ended_early:
             self._out_of_data.setdefault(entry.micro_batch_size, name)
 
     def _data_ceiling(self) -> str | None:
         """The run at the smallest micro-batch where the script ran out of data, above every
         size that ran ok (one that ran ok had data enough, whatever ended another run)."""
+        if self._step_limit() is not None:  # the script stops itself: no data bound shown
+            return None
         largest_ok = max(self._ok_sizes, default=0)
         sizes = [size for size in self._out_of_data if size > largest_ok]
         return self._out_of_data[min(sizes)] if sizes else None
@@ -1050,11 +1079,29 @@ class Tuner:
         results = [self._results[name] for name in self._order]
         if len(results) < SAME_FAILURE_LIMIT:
             return None
-        if any(r.status is not Status.error or ran_out_of_data(r) for r in results):
+        if any(r.status is not Status.error or r.ended_early for r in results):
             return None
         if len({re.sub(r"\d+", "N", r.error or "") for r in results}) != 1:
             return None
         return results[0].error or "(no message)"
+
+    def _step_limit(self) -> int | None:
+        """The steps the script ends after at two micro-batches that running out of data
+        cannot explain, or None.
+
+        Data for ``s`` steps of ``m1`` but not ``s + 1`` holds fewer than ``(s + 1) * m1``
+        samples per rank, so at ``m2`` it gives ``s`` steps only if ``s * m2 < (s + 1) * m1``;
+        otherwise the script stops itself.
+        """
+        ended = sorted(
+            (r.ended_after_steps, self._entries[n].micro_batch_size)
+            for n, r in self._results.items()
+            if r.ended_after_steps is not None and n in self._entries
+        )
+        for (steps, small), (same, large) in itertools.pairwise(ended):
+            if steps == same and large * steps >= small * (steps + 1):
+                return steps
+        return None
 
     def _is_open(self, name: str) -> bool:
         """Not run, not in flight, not pruned."""
@@ -1186,13 +1233,7 @@ def _failure_line(result: ExperimentResult) -> str:
 def fails_alone(result: ExperimentResult) -> bool:
     """An ``error`` or ``timeout`` that is a verdict on its own configuration only: not an
     ``oom`` (memory grows with the micro-batch) nor a script that ran out of data."""
-    return result.status in (Status.error, Status.timeout) and not ran_out_of_data(result)
-
-
-def ran_out_of_data(result: ExperimentResult) -> bool:
-    """The script finished before the profile window did: too few batches at this
-    micro-batch (``error`` starts with the runner's exception type, as every error does)."""
-    return result.status is Status.error and (result.error or "").startswith(f"{RAN_OUT_OF_DATA}:")
+    return result.status in (Status.error, Status.timeout) and not result.ended_early
 
 
 def _close(value: float, best: float, metric: Metric) -> bool:

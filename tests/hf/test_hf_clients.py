@@ -189,6 +189,12 @@ def test_an_accelerate_loop_is_tuned(ray_cluster: str, tmp_path: Path) -> None:
     assert_tuned(results)
 
 
+def autotune_exec(*script: str | Path) -> subprocess.CompletedProcess[str]:
+    """``autotune exec --nproc 2 -- SCRIPT ARGS``, as a user trains with a tuned config."""
+    command = [sys.executable, "-m", "autotune", "exec", "--nproc", "2", "--", *map(str, script)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+
+
 def first_losses(output: str, count: int = 10) -> list[float]:
     losses = [float(x) for x in re.findall(r"loss at step \d+: ([-\d.e]+)", output)]
     assert len(losses) >= count, output[-2000:]
@@ -250,27 +256,7 @@ def test_training_on_the_built_in_engine_matches_ddp_at_every_stage(
             {"train_micro_batch_size_per_gpu": 4, "zero_optimization": zero},
         )
         out = tmp_path / f"z{stage}"
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "autotune",
-                "exec",
-                "--nproc",
-                "2",
-                "--",
-                str(TRAINER),
-                "--deepspeed",
-                str(config),
-                "--output_dir",
-                str(out),
-                *common,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        run = autotune_exec(TRAINER, "--deepspeed", config, "--output_dir", out, *common)
         assert run.returncode == 0, run.stderr[-2000:]
         assert first_losses(run.stdout) == pytest.approx(expected, rel=1e-4), stage
     whole = AutoModelForCausalLM.from_pretrained(tmp_path / "z3").state_dict()
@@ -286,29 +272,16 @@ def test_an_accelerate_loop_trains_in_bf16_on_the_built_in_engine(tmp_path: Path
         tmp_path / "ds.json",
         {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1}},
     )
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "exec",
-            "--nproc",
-            "2",
-            "--",
-            str(ACCELERATE),
-            "--deepspeed_config",
-            str(config),
-            "--per_device_train_batch_size",
-            "4",
-            "--max_train_steps",
-            "3",
-            "--mixed_precision",
-            "bf16",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    run = autotune_exec(
+        ACCELERATE,
+        "--deepspeed_config",
+        config,
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_steps",
+        "3",
+        "--mixed_precision",
+        "bf16",
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "model dtype: torch.bfloat16" in run.stdout

@@ -199,4 +199,4 @@ def test_a_window_too_short_to_measure_is_flagged_not_raced(tuner_type: str) -> 
     summary = tuner.summary()
     assert summary.short_windows and all(s == 0.05 for s in summary.short_windows.values())
     (note,) = [line for line in summary.notes() if "too short to rank on" in line]
-    assert "they were not raced" in note and "steps between start_profile_step" in note
+    assert "measured again but not raced" in note and "steps between start_profile_step" in note

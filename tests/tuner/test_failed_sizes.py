@@ -85,3 +85,15 @@ def test_configurations_never_reached_are_listed_with_why() -> None:
     unreached = {name: why for name, why in summary.pruned.items() if "not reached" in why}
     assert len(unreached) == 8 - 3, summary.pruned
     assert all("tuner_num_trials (3) reached" in why for why in unreached.values())
+
+
+def test_a_best_at_the_largest_size_allowed_is_said_to_be_so() -> None:
+    tuner = listed_tuner([1, 2, 4], num_remeasure=0)
+    drive(tuner, Landscape())  # every size fits; the largest is the fastest
+    summary = tuner.summary()
+    assert summary.best is not None and summary.best.name == "z0_mbs4"
+    (note,) = [line for line in summary.notes() if "larger one may be faster" in line]
+    assert "micro-batch 4, the largest listed in train_micro_batch_size_per_gpu" in note
+    roomy = listed_tuner([1, 2, 4, 64], num_remeasure=0)  # 64 runs out of memory
+    drive(roomy, Landscape())
+    assert roomy.summary().best_at_cap is None

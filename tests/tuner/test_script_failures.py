@@ -9,7 +9,7 @@ import pytest
 
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner import Candidate, Phase
-from autotune.tuner.tuner import RAN_OUT_OF_DATA, SAME_FAILURE_LIMIT
+from autotune.tuner.tuner import SAME_FAILURE_LIMIT
 from tests.tuner.landscape import Landscape, drive, true_largest_fit
 from tests.tuner.tuners import fast_tuner
 
@@ -17,12 +17,16 @@ from tests.tuner.tuners import fast_tuner
 DATA_LIMIT = 20
 
 
-def out_of_data(candidate: Candidate) -> str:
-    """What the runner records for a script whose loader ran dry before the window ended."""
+def out_of_data(candidate: Candidate) -> ExperimentResult:
+    """What the runner records for a script whose loader ran dry before the window ended:
+    80 samples per rank, so fewer steps the larger the micro-batch."""
     steps = 80 // candidate.micro_batch_size
-    return (
-        f"{RAN_OUT_OF_DATA}: the script finished after {steps} optimizer steps, before "
-        "end_profile_step (5 steps are needed)"
+    return ExperimentResult(
+        candidate.name,
+        Status.error,
+        error=f"ScriptFinishedEarly: the script finished after {steps} optimizer steps, before "
+        "end_profile_step (5 steps are needed)",
+        ended_after_steps=steps,
     )
 
 
@@ -31,7 +35,7 @@ class DryLoader(Landscape):
 
     def run(self, candidate: Candidate) -> ExperimentResult:
         if candidate.micro_batch_size >= DATA_LIMIT:
-            return ExperimentResult(candidate.name, Status.error, error=out_of_data(candidate))
+            return out_of_data(candidate)
         return super().run(candidate)
 
 
@@ -53,10 +57,25 @@ def test_running_out_of_data_bounds_the_micro_batch_of_every_variant() -> None:
     assert "ran out of data" in why and smallest_dry in why
 
 
-def test_out_of_data_is_known_by_the_runners_exception_type() -> None:
-    from autotune.runner.script import ScriptFinishedEarly
+def test_a_script_with_a_step_limit_of_its_own_ends_the_run_saying_so() -> None:
+    """Ending after as many steps at twice the micro-batch is no data bound (that would halve
+    them): the script stops itself (--max_steps), whatever the config."""
 
-    assert ScriptFinishedEarly.__name__ == RAN_OUT_OF_DATA
+    class StepLimited(Landscape):
+        def run(self, candidate: Candidate) -> ExperimentResult:
+            return ExperimentResult(
+                candidate.name,
+                Status.error,
+                error="ScriptFinishedEarly: ...",
+                ended_after_steps=4,
+            )
+
+    tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
+    asked = drive(tuner, StepLimited())
+    assert len(asked) == 2 and tuner.finished
+    summary = tuner.summary()
+    assert "ends after 4 optimizer steps whatever the micro-batch" in summary.stop_reason
+    assert not any(key.startswith("micro-batch >=") for key in summary.pruned)
 
 
 def argparse_exit(candidate: Candidate) -> str:
@@ -76,6 +95,15 @@ class Failing(Landscape):
 
     def run(self, candidate: Candidate) -> ExperimentResult:
         return ExperimentResult(candidate.name, self.status, error=self.error_of(candidate))
+
+
+class RunsDry(Landscape):
+    """Every experiment's script runs out of data."""
+
+    error_of = staticmethod(lambda candidate: out_of_data(candidate).error or "")
+
+    def run(self, candidate: Candidate) -> ExperimentResult:
+        return out_of_data(candidate)
 
 
 def never_initialized(candidate: Candidate) -> str:
@@ -102,7 +130,7 @@ def test_failures_that_depend_on_the_config_do_not_end_the_run() -> None:
     cases = [
         Failing(argparse_exit, Status.oom),
         Failing(argparse_exit, Status.timeout),
-        Failing(out_of_data),  # bounds the micro-batch: smaller ones may run
+        RunsDry(),  # bounds the micro-batch: smaller ones may run
         Failing(lambda candidate: next(different)),
     ]
     for landscape in cases:
@@ -134,7 +162,7 @@ def test_a_micro_batch_that_ran_ok_somewhere_is_not_bounded_by_an_early_end() ->
     while (candidate := tuner.ask()) is not None:
         if candidate.stage == 1 and candidate.micro_batch_size == first.micro_batch_size:
             ended_early.append(candidate.name)
-            tuner.tell(ExperimentResult(candidate.name, Status.error, error=out_of_data(candidate)))
+            tuner.tell(out_of_data(candidate))
             continue
         probes.append(candidate)
         tuner.tell(landscape.run(candidate))
