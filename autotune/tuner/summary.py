@@ -88,7 +88,8 @@ class TuningSummary:
             lines.append(f"note: {self.best_at_cap}")
         if self.num_disturbed:
             lines.append(
-                f"note: {self.num_disturbed} measurements were taken while other processes "
+                f"note: {self.num_disturbed} measurement"
+                f"{' was' if self.num_disturbed == 1 else 's were'} taken while other processes "
                 "competed for the ranks' cores; a configuration ranks on its undisturbed ones "
                 "where it has any, and the contenders were measured again"
             )
