@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotune.config import ConfigError, Metric, TunerType
+from autotune.config import ConfigError, EngineName, Metric, TunerType
 from autotune.config.sizes import format_size
 from autotune.defaults import (
     DEFAULT_CONFIG,
@@ -105,6 +105,14 @@ def run(
     ] = None,
     metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
     tuner: Annotated[TunerType | None, typer.Option(case_sensitive=False)] = None,
+    engine: Annotated[
+        EngineName | None,
+        typer.Option(
+            case_sensitive=False,
+            help="What measures each experiment: builtin (autotune's engine) or deepspeed "
+            "(the installed DeepSpeed's own).",
+        ),
+    ] = None,
     world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = DEFAULT_WORLD_SIZE,
     results_dir: Annotated[Path | None, typer.Option(help="Where results live.")] = None,
     device_memory: Annotated[
@@ -152,6 +160,7 @@ def run(
 
     from autotune.config import load_config, parse_size, read_json, set_key
     from autotune.display import Progress, print_report
+    from autotune.engines import DeepSpeedUnavailable
     from autotune.results import ResultsDirError, ResultsLockedError
     from autotune.script import ScriptError, ScriptTarget
     from autotune.tuning import TuningJob, check_job, tune
@@ -176,6 +185,7 @@ def run(
         flags = {
             "metric": metric.value if metric else None,
             "tuner_type": tuner.value if tuner else None,
+            "engine": engine.value if engine else None,
             "fast": fast,
             "tuner_num_trials": num_trials,
             "tuner_early_stopping": early_stopping,
@@ -213,7 +223,7 @@ def run(
     )
     try:
         check_job(job)  # before Ray starts: a bad workload or directory is known at once
-    except (WorkloadError, ResultsDirError, ResultsLockedError) as err:
+    except (WorkloadError, ResultsDirError, ResultsLockedError, DeepSpeedUnavailable) as err:
         raise fail(str(err)) from None
     console = Console(stderr=False)
     console.print(

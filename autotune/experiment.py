@@ -52,6 +52,8 @@ class ExperimentSpec:
         client_config: script mode: the config file the script reads, in its place (the
             user's keys, ``"auto"`` kept where a client fills it, the experiment's values set;
             see :func:`autotune.config.overrides.as_client_reads`).
+        engine: what measures it: ``"builtin"``, autotune's engine, or ``"deepspeed"``, the
+            installed DeepSpeed's own (:mod:`autotune.runner.deepspeed_engine`).
     """
 
     # What the job decides has no default here: a spec is made from a job (tuning.py's
@@ -71,6 +73,7 @@ class ExperimentSpec:
     script: ScriptTarget | None = None
     output_dir: str | None = None
     client_config: Mapping[str, Any] | None = None
+    engine: str = "builtin"
 
     def __post_init__(self) -> None:
         if self.script is not None:

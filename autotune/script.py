@@ -86,15 +86,27 @@ class ScriptTarget:
         """The config file the script's own arguments point at, if any."""
         return flag_value(self.args, CONFIG_FLAGS)
 
-    def command(self, ds_config: Mapping[str, Any], config_path: str, world_size: int) -> list[str]:
-        """The command that trains with ``ds_config`` on the built-in engine: ``autotune exec``
-        of the script, its mapped flags set to ``ds_config``'s values and its config argument
-        naming ``config_path`` (added as ``--deepspeed_config`` where it had none)."""
+    def command(
+        self,
+        ds_config: Mapping[str, Any],
+        config_path: str,
+        world_size: int,
+        engine: str = "builtin",
+    ) -> list[str]:
+        """The command that trains with ``ds_config`` on ``engine``, the one that measured it:
+        ``autotune exec`` of the script on the built-in engine, plain ``torchrun`` (the
+        installed DeepSpeed) on ``deepspeed``; its mapped flags set to ``ds_config``'s values
+        and its config argument naming ``config_path`` (added as ``--deepspeed_config`` where
+        it had none)."""
         argv = self.argv(ds_config, config_path)[1:]
         if config_flag(argv) is None:
             argv += ["--deepspeed_config", config_path]
         script = ["-m", self.module] if self.module else [self.path]
-        return ["autotune", "exec", "--nproc", str(world_size), "--", *script, *argv]
+        if engine == "deepspeed":
+            launch = ["torchrun", "--standalone", "--nproc_per_node", str(world_size)]
+        else:
+            launch = ["autotune", "exec", "--nproc", str(world_size), "--"]
+        return [*launch, *script, *argv]
 
     def file_hash(self) -> str:
         """sha256 of the script's file: a changed script is a different tuning job."""

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from autotune.config import Config, parse_size
+from autotune.config import Config, EngineName, parse_size
 from autotune.config.overrides import as_client_reads
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
+from autotune.engines import installed_deepspeed
+from autotune.engines import label as engine_label
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
 from autotune.script import ScriptTarget
@@ -141,6 +143,12 @@ class TuningJob:
                 "device_memory_bytes": self.memory_budget,
                 "base_config": base,
                 "profile_window": window,
+                # Left out for the built-in engine, so its earlier results still resume.
+                **(
+                    {"engine": tuning["engine"]}
+                    if tuning.get("engine", "builtin") != "builtin"
+                    else {}
+                ),
             },
             "versions": {
                 "autotune": autotune.__version__,
@@ -258,11 +266,13 @@ def optimal_as_read(
 
 
 def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: Path) -> str | None:
-    """The command that trains the tuned script with the best config on the built-in engine
-    (None for a workload: its training script is the user's own)."""
+    """The command that trains the tuned script with the best config on the engine that
+    measured it (None for a workload: its training script is the user's own)."""
     if job.script is None:
         return None
-    return shlex.join(job.script.command(optimal, str(optimal_path.resolve()), job.world_size))
+    engine = job.config.autotuning.engine.value
+    path = str(optimal_path.resolve())
+    return shlex.join(job.script.command(optimal, path, job.world_size, engine))
 
 
 def _run_to_the_end(
@@ -408,9 +418,12 @@ def check_job(job: TuningJob) -> None:
     Raises:
         WorkloadError: the workload spec or its arguments are unusable.
         ResultsDirError / ResultsLockedError: the results directory cannot be used.
+        DeepSpeedUnavailable: the job measures on DeepSpeed, and none usable is installed.
     """
     from autotune.workloads import check_workload
 
+    if job.config.autotuning.engine is EngineName.deepspeed:
+        installed_deepspeed()
     if job.script is None:
         check_workload(job.workload, job.workload_args, seed=job.config.autotuning.seed)
     ResultsDir.check(job.results_path, job.fingerprint(), overwrite=job.overwrite)
@@ -500,11 +513,8 @@ def experiment_spec(
         script=job.script,
         output_dir=output_dir,
         client_config=client_config,
+        engine=tuning.engine.value,
     )
-
-
-# The engine every experiment ran on, as the summary names it.
-ENGINE_LABEL = "autotune's built-in ZeRO engine"
 
 
 def format_summary(
@@ -528,9 +538,15 @@ def format_summary(
         lines += summary.notes()
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
-            lines.append(f"measured on: {ENGINE_LABEL}")
+            on_deepspeed = job.config.autotuning.engine is EngineName.deepspeed
+            lines.append(f"measured on: {engine_label(job.config.autotuning.engine.value)}")
             if command is not None:
                 lines.append(f"train with it: {command}")
+            elif on_deepspeed:
+                lines.append(
+                    f"train with it: deepspeed train.py --deepspeed_config {optimal_path} "
+                    "(the engine that measured it)"
+                )
             else:
                 lines.append(
                     f"train with it: your DeepSpeed script with --deepspeed_config {optimal_path} "

@@ -435,6 +435,13 @@ class TunerType(str, enum.Enum):
     model_based = "model_based"
 
 
+class EngineName(str, enum.Enum):
+    """Which engine measures each experiment: autotune's own, or the installed DeepSpeed."""
+
+    builtin = "builtin"
+    deepspeed = "deepspeed"
+
+
 def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
@@ -457,6 +464,12 @@ class AutotuningConfig(Section):
     mp_size: PositiveInt = 1
     num_tuning_micro_batch_sizes: PositiveInt = 3
     tuner_type: Annotated[TunerType, BeforeValidator(_lower)] = TunerType.model_based
+    engine: Annotated[EngineName, BeforeValidator(_lower)] = Field(
+        default=EngineName.builtin,
+        description="The engine each experiment is measured on: autotune's built-in ZeRO "
+        "engine, or the installed DeepSpeed's own (a config is tuned for the engine that "
+        "measured it).",
+    )
     tuner_early_stopping: PositiveInt = 5
     tuner_num_trials: PositiveInt = 50
     arg_mappings: dict[str, str] | None = Field(

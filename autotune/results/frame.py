@@ -156,6 +156,7 @@ def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any
         "node_ids": tuple(record.get("node_ids") or ()),
         "repeat_of": record.get("repeat_of"),
         "target": record.get("target", job_target),
+        "engine": record.get("engine", "builtin"),  # logs before the choice: builtin
     }
     for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):
         if "." in key:

@@ -220,6 +220,7 @@ class ResultsDir:
         line = {
             **result.to_dict(),
             "target": spec.target,
+            "engine": spec.engine,
             "ds_config": dict(spec.ds_config),
             **dict(extra or {}),
         }

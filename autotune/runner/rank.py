@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
 
@@ -106,7 +107,7 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
                 world_size=spec.world_size,
                 timeout=timedelta(seconds=max(spec.timeout_s, 1.0)),
             )
-            outcome = _profiled_run(spec, rank, device, started)
+            outcome = _profiled_run(spec, rank, init_method, device, started)
     except BaseException as exc:  # a failed experiment is data, never a crash
         outcome = failure_outcome(rank, exc)
         if isinstance(exc, KeyboardInterrupt):
@@ -127,7 +128,9 @@ def _device_for(rank: int) -> Any:
     return torch.device("cpu")
 
 
-def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) -> RankOutcome:
+def _profiled_run(
+    spec: ExperimentSpec, rank: int, init_method: str, device: Any, started: float
+) -> RankOutcome:
     import torch
     import torch.distributed as dist
 
@@ -149,12 +152,24 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
     if flops_per_sample is None:
         flops_per_sample = flops_per_micro_batch(workload, micro) / micro
 
-    engine, _, _, _ = engine_lib.initialize(
-        model=model,
-        config=dict(config),
-        process_group=dist.group.WORLD,
-        device_memory_bytes=spec.device_memory_bytes,
-    )
+    if spec.engine == "deepspeed":
+        from autotune.runner import deepspeed_engine
+
+        # DeepSpeed reads its rank and node from torchrun's variables; this process is
+        # retired after the experiment, so they need no restoring.
+        os.environ.update(torchrun_env(spec.world_size, rank, init_method, device))
+        engine = deepspeed_engine.initialize(model, config, spec.world_size)
+
+        def peak_memory_bytes() -> int:
+            return deepspeed_engine.peak_memory_bytes(device)
+    else:
+        engine, _, _, _ = engine_lib.initialize(
+            model=model,
+            config=dict(config),
+            process_group=dist.group.WORLD,
+            device_memory_bytes=spec.device_memory_bytes,
+        )
+        peak_memory_bytes = engine.peak_memory_bytes
     generator = torch.Generator(device=device).manual_seed(spec.seed + 1000 * (rank + 1))
 
     def batches(num_steps: int) -> list[tuple[Any, ...]]:
@@ -193,7 +208,7 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
         timer.durations_s,
         train_batch_size=train_batch_size,
         flops_per_step=flops_per_sample * micro * accumulation,
-        peak_memory_bytes=int(engine.peak_memory_bytes()),
+        peak_memory_bytes=int(peak_memory_bytes()),
     )
     return RankOutcome(
         rank=rank,
@@ -204,6 +219,23 @@ def _profiled_run(spec: ExperimentSpec, rank: int, device: Any, started: float) 
         window_s=window_s,
         window_cpu=window_cpu.to_dict() if window_cpu is not None else None,
     )
+
+
+def torchrun_env(world_size: int, rank: int, init_method: str, device: Any) -> dict[str, str]:
+    """torchrun's variables for ``rank``; MASTER_* from a ``tcp://host:port`` rendezvous
+    (``env://`` keeps the ones already set). One node: the local rank is the rank, except on
+    a GPU that Ray gives each actor alone (then it is that GPU's index)."""
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(device.index if device.type == "cuda" else rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+    }
+    url = urlsplit(init_method)
+    if url.scheme == "tcp" and url.hostname and url.port:
+        env.update(MASTER_ADDR=url.hostname, MASTER_PORT=str(url.port))
+    return env
 
 
 def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:

@@ -52,6 +52,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import ConfigError
+from autotune.engines import FRESH_PROCESSES
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
 from autotune.runner.outcome import experiment_verdict
@@ -381,8 +382,13 @@ class _Running:
 
     @property
     def gang_reusable(self) -> bool:
-        """Every rank answered and none died: the actors are idle and clean."""
-        return len(self.outcomes) == self.spec.world_size and not self.gang_broken
+        """Every rank answered and none died: the actors are idle and clean (and the
+        experiment's engine left no process state behind, see ``FRESH_PROCESSES``)."""
+        return (
+            len(self.outcomes) == self.spec.world_size
+            and not self.gang_broken
+            and self.spec.engine not in FRESH_PROCESSES
+        )
 
     def result(self) -> ExperimentResult:
         total_s = time.perf_counter() - self.started

@@ -2,10 +2,11 @@
 
 The script runs in this (possibly warm) process through ``runpy``, as ``torchrun`` would run it:
 ``sys.argv`` set (with ``autotuning.arg_mappings`` applied), torchrun's environment variables
-set, and ``import deepspeed`` resolving to autotune. A :class:`ScriptObserver` installed on the
-engine's hooks gives ``initialize()`` the experiment's config, times the profile window at
-optimizer-step boundaries, counts one step's FLOPs, and then ends the script's run by raising
-:class:`WindowDone` from inside ``engine.step()``.
+set, and ``import deepspeed`` resolving to autotune (with ``autotuning.engine: deepspeed``, to
+the installed DeepSpeed, watched by :func:`autotune.runner.deepspeed_engine.observing`). A
+:class:`ScriptObserver` installed on the engine's hooks gives ``initialize()`` the experiment's
+config, times the profile window at optimizer-step boundaries, counts one step's FLOPs, and then
+ends the script's run by raising :class:`WindowDone` from inside ``engine.step()``.
 
 Everything the script may change in the process is put back afterwards (environment, argv,
 import path, working directory, stdout/stderr, logging handlers, the ``deepspeed`` alias);
@@ -28,7 +29,6 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,8 @@ from autotune.engine import hooks
 from autotune.experiment import CONFIG_NAME, ExperimentSpec, Metrics, Status
 from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
 from autotune.profiling.window import StepTimer
-from autotune.runner.rank import RankOutcome
+from autotune.runner import deepspeed_engine
+from autotune.runner.rank import RankOutcome, torchrun_env
 from autotune.script import ScriptTarget
 
 
@@ -117,9 +118,13 @@ class ScriptObserver:
         kept = sorted(set(config or {}) - set(experiment) - {"autotuning"})
         if kept:
             print(f"autotune: kept from the script's own config: {', '.join(kept)}", flush=True)
-        if self.spec.device_memory_bytes is not None:
+        if self.spec.device_memory_bytes is not None and not self._on_deepspeed:
             candidate["device_memory_bytes"] = self.spec.device_memory_bytes
         return candidate
+
+    @property
+    def _on_deepspeed(self) -> bool:
+        return self.spec.engine == "deepspeed"
 
     def on_engine(self, engine: Any) -> None:
         self.engine = engine
@@ -198,12 +203,18 @@ class ScriptObserver:
     def _held_bytes(self) -> int:
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
+        if self._on_deepspeed:
+            return deepspeed_engine.resident_bytes()
         return int(self.engine.memory.accounted_bytes) if self.engine is not None else 0
 
     def _measure(self, engine: Any) -> Metrics:
         micro = int(engine.train_micro_batch_size_per_gpu())
-        peak = int(engine.peak_memory_bytes())
-        if self.device.type == "cuda":  # no accounting on CUDA: what the window added on top
+        if self._on_deepspeed:
+            peak = deepspeed_engine.peak_memory_bytes(self.device)
+        else:
+            peak = int(engine.peak_memory_bytes())
+        if self.device.type == "cuda" or self._on_deepspeed:
+            # No accounting of kinds: what the window added on top of what was held.
             activations = max(0, peak - self._held_at_window_bytes)
         else:
             activations = int(engine.memory.peak_by_kind["activations"])
@@ -250,7 +261,10 @@ def run_script(
     observer = ScriptObserver(spec, device, started)
     argv = script.argv(spec.ds_config, _config_file(spec, rank))
     try:
-        with script_environment(spec, rank, init_method, device), hooks.observing(observer):
+        with (
+            script_environment(spec, rank, init_method, device),
+            _engine_observed(observer, spec),
+        ):
             try:
                 _run(script, argv)
             except (WindowDone, SystemExit):
@@ -281,6 +295,18 @@ def run_script(
         window_s=observer.window_s,
         window_cpu=observer.window_cpu.to_dict() if observer.window_cpu is not None else None,
     )
+
+
+@contextlib.contextmanager
+def _engine_observed(observer: ScriptObserver, spec: ExperimentSpec) -> Iterator[None]:
+    """The script's ``deepspeed`` is the experiment's engine, reporting to ``observer``:
+    autotune's own (standing in for ``deepspeed``) or the installed DeepSpeed."""
+    if spec.engine == "deepspeed":
+        with deepspeed_engine.observing(observer, spec.world_size):
+            yield
+    else:
+        with standing_in(), hooks.observing(observer):
+            yield
 
 
 def _config_file(spec: ExperimentSpec, rank: int) -> str | None:
@@ -336,7 +362,7 @@ def script_environment(
     saved_handlers = list(logging.root.handlers)
     try:
         os.environ.update(torchrun_env(spec.world_size, rank, init_method, device))
-        with standing_in(), _captured_output(spec.output_dir, rank):
+        with _captured_output(spec.output_dir, rank):
             yield
     finally:
         os.environ.clear()
@@ -347,25 +373,6 @@ def script_environment(
             os.chdir(saved_cwd)
         for handler in [h for h in logging.root.handlers if h not in saved_handlers]:
             logging.root.removeHandler(handler)
-
-
-def torchrun_env(
-    world_size: int, rank: int, init_method: str, device: torch.device
-) -> dict[str, str]:
-    """torchrun's variables for ``rank``; MASTER_* from a ``tcp://host:port`` rendezvous
-    (``env://`` keeps the ones already set). One node: the local rank is the rank, except on
-    a GPU that Ray gives each actor alone (then it is that GPU's index)."""
-    env = {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(device.index if device.type == "cuda" else rank),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "GROUP_RANK": "0",
-    }
-    url = urlsplit(init_method)
-    if url.scheme == "tcp" and url.hostname and url.port:
-        env.update(MASTER_ADDR=url.hostname, MASTER_PORT=str(url.port))
-    return env
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import torch
 from clm_data import TokenBlocks, report_micro_batch  # beside this script, as run_clm's utils
 from transformers import (
     AutoConfig,
@@ -79,6 +80,11 @@ def main() -> None:
             if "loss" in entry:
                 print(f"loss at step {entry['step']}: {entry['loss']!r}", flush=True)
         print(f"saved to {os.path.abspath(training_args.output_dir)}", flush=True)
+    if training_args.use_cpu and torch.distributed.is_initialized():
+        # The plain-DDP reference run tears its group down itself: torch's gloo may abort a
+        # process whose live group it tears down at exit (about 1 run in 8). Under autotune
+        # the script leaves it, as run_clm.py does, and autotune destroys the group it made.
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""Experiments measured on the installed DeepSpeed (``autotuning.engine: deepspeed``).
+
+A config is tuned for the engine that measured it: DeepSpeed's costs (its fixed per-step work
+at stages 1-3, its buckets, its CPU shared-memory all-reduce) are not the built-in engine's.
+With this engine a rank builds DeepSpeed's own engine with ``deepspeed.initialize`` and times
+it exactly as the built-in one (end to end, a barrier after each optimizer step; not
+DeepSpeed's internal timers).
+
+DeepSpeed keeps process state that outlives an engine: its comm backend and process groups
+(Python globals), its accelerator, and on CPU a shared-memory all-reduce in a C++ extension.
+Resetting the Python globals is not enough (measured with DeepSpeed 0.19.8 on CPU: a second
+``initialize`` in the same processes hangs at stage 2), so the runners give every DeepSpeed
+experiment fresh rank processes (:data:`autotune.engines.FRESH_PROCESSES`); what that costs
+is a rank's start-up, which the result's ``startup_s`` shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from autotune.engine.hooks import EngineObserver
+from autotune.engines import installed_deepspeed
+
+
+def load(world_size: int) -> Any:
+    """Import the installed DeepSpeed for a rank of ``world_size`` ranks on this node.
+
+    Without a GPU DeepSpeed must be told to use its CPU accelerator, and that accelerator
+    counts the node's devices from ``LOCAL_SIZE``; both are read at import.
+    """
+    import torch
+
+    installed_deepspeed()
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("LOCAL_SIZE", str(world_size))
+    import deepspeed
+
+    return deepspeed
+
+
+def initialize(model: Any, config: Mapping[str, Any], world_size: int) -> Any:
+    """DeepSpeed's engine for ``model`` under ``config``, in the process group this rank has
+    already joined (DeepSpeed wraps it instead of making its own)."""
+    deepspeed = load(world_size)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=dict(config),
+        dist_init_required=False,
+    )
+    reset_peak_memory(engine.device)
+    return engine
+
+
+def reset_peak_memory(device: Any) -> None:
+    """Start measuring the peak from here: the accelerator's counter on CUDA, the process's
+    resident-set high-water mark on CPU (``/proc/self/clear_refs``)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:  # not Linux: the peak then covers the process's life
+        pass
+
+
+def peak_memory_bytes(device: Any) -> int:
+    """The most memory this rank held since :func:`reset_peak_memory`: allocated on CUDA, the
+    process's peak resident set on CPU (which DeepSpeed's CPU accelerator only samples)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (what a CPU rank holds; 0 where unknown)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@contextlib.contextmanager
+def observing(observer: EngineObserver, world_size: int) -> Iterator[None]:
+    """Script mode on DeepSpeed: for the block, ``deepspeed.initialize`` builds the experiment's
+    engine and reports to ``observer`` as the built-in engine's hooks do.
+
+    The script's config reaches the observer whichever way it is passed: a dict or a path as
+    ``config`` / ``config_params`` (the HF clients pass the dict they filled), or the
+    ``--deepspeed_config`` path, which the runner already pointed at the experiment's file.
+    """
+    deepspeed = load(world_size)
+    original = deepspeed.initialize
+
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        for key in ("config", "config_params"):
+            given = kwargs.get(key)
+            if isinstance(given, str | os.PathLike):
+                with open(given) as file:
+                    given = json.load(file)
+            if given is not None:
+                kwargs[key] = observer.configure(dict(given))
+        built = original(*args, **kwargs)
+        _watch(built[0], observer)
+        return built
+
+    deepspeed.initialize = initialize
+    try:
+        yield
+    finally:
+        deepspeed.initialize = original
+
+
+def _watch(engine: Any, observer: EngineObserver) -> None:
+    """Report ``engine``'s forwards and optimizer steps (a step at an accumulation boundary
+    advances ``global_steps``) to ``observer``."""
+    step, forward = engine.step, engine.forward
+
+    def observed_forward(*args: Any, **kwargs: Any) -> Any:
+        observer.on_forward(engine, args, kwargs)
+        return forward(*args, **kwargs)
+
+    def observed_step(*args: Any, **kwargs: Any) -> Any:
+        before = engine.global_steps
+        out = step(*args, **kwargs)
+        if engine.global_steps != before:
+            observer.on_optimizer_step(engine)
+        return out
+
+    engine.forward, engine.step = observed_forward, observed_step
+    reset_peak_memory(engine.device)
+    observer.on_engine(engine)

@@ -1,0 +1,159 @@
+"""``autotuning.engine: deepspeed``: experiments measured on the installed DeepSpeed's own
+engine, in fresh Ray rank actors, with the built-in engine's phases, statuses and results.
+
+The end-to-end tests need DeepSpeed (the ``deepspeed`` extra; CPU via ``DS_ACCELERATOR=cpu``,
+which the rank sets); the rest run anywhere."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import autotune.engines
+from autotune.cli import app
+from autotune.config import load_config
+from autotune.results import load_results
+from autotune.script import ScriptTarget
+from autotune.tuning import TuningJob
+
+SCRIPT = Path(__file__).with_name("ds_script.py")
+cli = CliRunner()
+
+
+def _deepspeed_installed() -> bool:
+    try:
+        autotune.engines.installed_deepspeed()
+    except autotune.engines.DeepSpeedUnavailable:
+        return False
+    return True
+
+
+needs_deepspeed = pytest.mark.skipif(not _deepspeed_installed(), reason="needs DeepSpeed")
+
+
+def write_config(tmp_path: Path, **overrides: Any) -> Path:
+    config: dict[str, Any] = {
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "train_micro_batch_size_per_gpu": [4],
+        "zero_optimization": {"stage": [0, 1, 2, 3]},
+        "autotuning": {
+            "engine": "deepspeed",
+            "start_profile_step": 2,
+            "end_profile_step": 3,
+            "tuner_type": "gridsearch",
+            "num_remeasure": 0,
+            "timeout_s": 120,
+        },
+    }
+    for key, value in overrides.items():
+        if key == "autotuning":
+            config["autotuning"].update(value)
+        else:
+            config[key] = value
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_the_engine_is_part_of_the_job_and_builtin_jobs_keep_their_fingerprint() -> None:
+    builtin = TuningJob(load_config({"train_micro_batch_size_per_gpu": 2}, world_size=2))
+    deepspeed = TuningJob(
+        load_config(
+            {"train_micro_batch_size_per_gpu": 2, "autotuning": {"engine": "DeepSpeed"}},
+            world_size=2,
+        )
+    )
+    assert "engine" not in builtin.fingerprint()["tuned"]  # earlier results still resume
+    assert deepspeed.fingerprint()["tuned"]["engine"] == "deepspeed"
+
+
+def test_without_deepspeed_the_run_stops_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(autotune.engines.importlib.metadata, "version", missing)
+    results = tmp_path / "results"
+    outcome = cli.invoke(app, ["run", "--engine", "deepspeed", "--results-dir", str(results)])
+    assert outcome.exit_code == 2
+    assert "DeepSpeed is not installed" in outcome.output
+    assert "deepspeed>=0.14.0" in outcome.output
+    assert not results.exists()
+
+
+def test_a_deepspeed_too_old_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(autotune.engines.importlib.metadata, "version", lambda _: "0.9.5")
+    with pytest.raises(autotune.engines.DeepSpeedUnavailable, match=r"0\.9\.5 is installed"):
+        autotune.engines.installed_deepspeed()
+
+
+def test_the_training_command_runs_the_engine_that_measured() -> None:
+    target = ScriptTarget.from_command([str(SCRIPT), "--deepspeed", "ds.json"])
+    builtin = target.command({}, "best.json", 2)
+    deepspeed = target.command({}, "best.json", 2, engine="deepspeed")
+    assert builtin[:2] == ["autotune", "exec"]
+    assert deepspeed[:4] == ["torchrun", "--standalone", "--nproc_per_node", "2"]
+    assert deepspeed[4:] == [str(SCRIPT), "--deepspeed", "best.json"]
+
+
+@needs_deepspeed
+@pytest.mark.ray
+@pytest.mark.multirank
+def test_a_workload_is_tuned_on_deepspeed_at_every_stage_and_resumes(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    config, results = write_config(tmp_path), tmp_path / "results"
+    args = ["run", "-c", str(config), "--results-dir", str(results), "-q", "--workload", "mlp"]
+    first = cli.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    frame = load_results(results)
+    assert list(frame["status"]) == ["ok"] * 4, frame[["name", "status", "error"]]
+    assert set(frame["zero_stage"]) == {0, 1, 2, 3}
+    assert set(frame["engine"]) == {"deepspeed"}
+    assert (frame["throughput"] > 0).all() and (frame["peak_memory_bytes"] > 0).all()
+    summary = (results / "summary.txt").read_text()
+    assert re.search(r"measured on: DeepSpeed \d+\.\d+", summary)
+
+    again = cli.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "4 from earlier runs" in again.stdout
+    assert len(load_results(results)) == 4
+
+
+@needs_deepspeed
+@pytest.mark.ray
+@pytest.mark.multirank
+def test_a_deepspeed_script_is_tuned_on_deepspeed_with_its_failures_recorded(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    mapping = {"train_micro_batch_size_per_gpu ": "--per_device_train_batch_size"}
+    config = write_config(
+        tmp_path,
+        train_micro_batch_size_per_gpu=[4, 8],
+        zero_optimization={"stage": [0, 3]},
+        autotuning={"arg_mappings": mapping},
+    )
+    results = tmp_path / "results"
+    args = ["run", "--results-dir", str(results), "-q", "--", str(SCRIPT)]
+    args += ["--deepspeed", str(config), "--per_device_train_batch_size", "3"]
+    outcome = cli.invoke(app, [*args, "--faults", "z3_8=raise"])
+    assert outcome.exit_code == 0, outcome.output
+
+    frame = load_results(results).set_index("name")
+    assert frame.loc["z3_mbs8", "status"] == "error"
+    assert frame.loc["z3_mbs8", "error"] == "RuntimeError: injected failure in the training loop"
+    ok = frame[frame["status"] == "ok"]
+    assert set(ok.index) == {"z0_mbs4", "z0_mbs8", "z3_mbs4"}
+    for name, row in ok.iterrows():
+        output = (results / "exps" / str(name) / "rank1.out").read_text()
+        assert f"loader_batch={row['micro_batch_size']}" in output
+        assert row["flops"] > 0 and row["engine"] == "deepspeed"
+    command = (results / "cmd_optimal.txt").read_text()
+    assert command.startswith("torchrun --standalone --nproc_per_node 2 ")
