@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs autotune into the active Python environment.
 #   bash install.sh         the tool
-#   bash install.sh dev     the tool plus test and lint tools
+#   bash install.sh dev     the tool plus test and lint tools, and DeepSpeed (as `deepspeed`)
+#   bash install.sh deepspeed   the tool plus DeepSpeed, to tune on it (autotuning.engine)
 # torch goes in first and explicitly: with a GPU (nvidia-smi answers) the default CUDA build,
 # without one the CPU build, so a laptop or CI box never pulls a multi-GB CUDA wheel.
 # AUTOTUNE_TORCH_SPEC overrides the torch requirement (e.g. "torch==2.9.1").
@@ -9,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 extra=""
 [ "${1:-}" = "dev" ] && extra="[dev]"
+[ "${1:-}" = "deepspeed" ] && extra="[deepspeed]"
 pip() { python -m pip --disable-pip-version-check -q "$@"; }
 
 if [ -n "${AUTOTUNE_TORCH_SPEC:-}" ]; then
@@ -21,5 +23,11 @@ else
     # CPU-only: 2.13.0 is the CPU wheel on this project's machines; elsewhere PIP_EXTRA_INDEX_URL
     # may point at https://download.pytorch.org/whl/cpu to get the CPU build.
     pip install "torch==2.13.0"
+fi
+if [ -n "$extra" ]; then
+    # DeepSpeed ships as a source distribution whose build imports torch: built against the
+    # torch installed above (an isolated build would fetch another, CUDA, torch). Its ops are
+    # compiled on first use, not here.
+    DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed>=0.14,<0.20"
 fi
 pip install -e ".${extra}"
