@@ -24,6 +24,7 @@ from typing import Any
 
 from autotune.engine.hooks import EngineObserver
 from autotune.engines import installed_deepspeed
+from autotune.runner.rank import proc_status
 
 
 def load(world_size: int) -> Any:
@@ -79,28 +80,17 @@ def peak_memory_bytes(device: Any) -> int:
 
     if torch.device(device).type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
+    peak_kib = proc_status().get("VmHWM")
+    if peak_kib is None:  # not Linux: the process's lifetime peak
+        import resource
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak_kib) * 1024
 
 
 def resident_bytes() -> int:
     """This process's resident set now (what a CPU rank holds; 0 where unknown)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return proc_status().get("VmRSS", 0) * 1024
 
 
 @contextlib.contextmanager

@@ -238,6 +238,21 @@ def torchrun_env(world_size: int, rank: int, init_method: str, device: Any) -> d
     return env
 
 
+def proc_status() -> dict[str, int]:
+    """Numeric fields of /proc/self/status (VmRSS and VmHWM in KiB, Threads); empty off Linux."""
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                first = value.split()[:1]
+                if first and first[0].isdigit():
+                    fields[name] = int(first[0])
+    except OSError:
+        pass
+    return fields
+
+
 def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:
     """The outcome of a rank that raised ``exc``: oom or error, with its traceback's tail."""
     status = Status.oom if is_out_of_memory(exc) else Status.error

@@ -56,7 +56,13 @@ from autotune.engines import FRESH_PROCESSES
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
 from autotune.runner.outcome import experiment_verdict
-from autotune.runner.rank import RankOutcome, entries_set, failure_outcome, run_rank
+from autotune.runner.rank import (
+    RankOutcome,
+    entries_set,
+    failure_outcome,
+    proc_status,
+    run_rank,
+)
 
 _WORKER_NICENESS = "RAY_worker_niceness"  # Ray's own spelling: its raylet reads this name
 
@@ -181,7 +187,7 @@ class _RankActor:
     def info(self) -> dict[str, Any]:
         import torch.distributed as dist
 
-        status = _proc_status()
+        status = proc_status()
         return {
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
@@ -192,21 +198,6 @@ class _RankActor:
 
 
 _RemoteRankActor: Any = ray.remote(max_restarts=0, max_task_retries=0)(_RankActor)
-
-
-def _proc_status() -> dict[str, int]:
-    """Numeric fields of /proc/self/status (VmRSS in KiB, Threads); empty off Linux."""
-    fields: dict[str, int] = {}
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                name, _, value = line.partition(":")
-                first = value.split()[:1]
-                if first and first[0].isdigit():
-                    fields[name] = int(first[0])
-    except OSError:
-        pass
-    return fields
 
 
 class _Gang:

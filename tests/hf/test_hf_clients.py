@@ -87,18 +87,25 @@ ZERO2_AUTO = {
     "train_micro_batch_size_per_gpu": "auto",
     "wall_clock_breakdown": False,
 }
-TRAINER_ARGS = [
-    "--per_device_train_batch_size",
-    "1",
-    "--max_steps",
-    "40",
-    "--report_to",
-    "none",
-    "--save_strategy",
-    "no",
-    "--logging_steps",
-    "1",
-]
+
+
+def trainer_args(per_device_batch: int, max_steps: int) -> list[str]:
+    """The Trainer script's flags: batch and steps, no reporting or checkpoints, a loss a step."""
+    return [
+        "--per_device_train_batch_size",
+        str(per_device_batch),
+        "--max_steps",
+        str(max_steps),
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+    ]
+
+
+TRAINER_ARGS = trainer_args(1, 40)
 
 
 def write(path: Path, config: dict[str, Any]) -> Path:
@@ -230,20 +237,7 @@ def test_training_on_the_built_in_engine_matches_ddp_at_every_stage(
     whole weights, equal to DDP's, that load into a fresh model."""
     from transformers import AutoModelForCausalLM
 
-    common = [
-        "--model_name_or_path",
-        str(saved_model),
-        "--per_device_train_batch_size",
-        "4",
-        "--max_steps",
-        "10",
-        "--report_to",
-        "none",
-        "--save_strategy",
-        "no",
-        "--logging_steps",
-        "1",
-    ]
+    common = ["--model_name_or_path", str(saved_model), *trainer_args(4, 10)]
     ddp = torchrun(str(TRAINER), "--use_cpu", "--output_dir", str(tmp_path / "ddp"), *common)
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     expected = first_losses(ddp.stdout)
