@@ -13,7 +13,7 @@ import re
 BUILTIN_LABEL = "autotune's built-in ZeRO engine"
 # The oldest DeepSpeed whose ``initialize`` / engine API this runner calls as it does.
 MIN_VERSION = (0, 14, 0)
-# Engines whose experiments each need fresh rank processes (their state cannot be reset).
+# Engines whose experiments each get fresh rank processes (their state is not reset yet).
 FRESH_PROCESSES = frozenset({"deepspeed"})
 
 

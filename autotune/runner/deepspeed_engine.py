@@ -8,10 +8,12 @@ DeepSpeed's internal timers).
 
 DeepSpeed keeps process state that outlives an engine: its comm backend and process groups
 (Python globals), its accelerator, and on CPU a shared-memory all-reduce in a C++ extension.
-Resetting the Python globals is not enough (measured with DeepSpeed 0.19.8 on CPU: a second
-``initialize`` in the same processes hangs at stage 2), so the runners give every DeepSpeed
-experiment fresh rank processes (:data:`autotune.engines.FRESH_PROCESSES`); what that costs
-is a rank's start-up, which the result's ``startup_s`` shows.
+Until resetting it between experiments is proven safe, every DeepSpeed experiment gets fresh
+rank processes (:data:`autotune.engines.FRESH_PROCESSES`); what that costs is a rank's
+start-up, which the result's ``startup_s`` shows. (A first reset under torchrun, which reuses
+one rendezvous store, hung; with a fresh ``tcp://`` rendezvous per experiment, as the runners
+make, resetting ``deepspeed.comm.comm`` and ``deepspeed.utils.groups`` ran stages 0-3 in the
+same processes: the next step.)
 """
 
 from __future__ import annotations
