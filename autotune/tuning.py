@@ -538,11 +538,11 @@ def format_summary(
         lines += summary.notes()
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
-            on_deepspeed = job.config.autotuning.engine is EngineName.deepspeed
-            lines.append(f"measured on: {engine_label(job.config.autotuning.engine.value)}")
+            engine = job.config.autotuning.engine
+            lines.append(f"measured on: {engine_label(engine.value)}")
             if command is not None:
                 lines.append(f"train with it: {command}")
-            elif on_deepspeed:
+            elif engine is EngineName.deepspeed:
                 lines.append(
                     f"train with it: deepspeed train.py --deepspeed_config {optimal_path} "
                     "(the engine that measured it)"
