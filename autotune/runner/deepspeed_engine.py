@@ -19,8 +19,10 @@ same processes: the next step.)
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -38,6 +40,7 @@ def load(world_size: int) -> Any:
     import torch
 
     installed_deepspeed()
+    clear_stale_build_locks()
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("LOCAL_SIZE", str(world_size))
@@ -49,6 +52,8 @@ def load(world_size: int) -> Any:
 def initialize(model: Any, config: Mapping[str, Any], world_size: int) -> Any:
     """DeepSpeed's engine for ``model`` under ``config``, in the process group this rank has
     already joined (DeepSpeed wraps it instead of making its own)."""
+    import torch.distributed
+
     deepspeed = load(world_size)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
@@ -56,6 +61,8 @@ def initialize(model: Any, config: Mapping[str, Any], world_size: int) -> Any:
         config=dict(config),
         dist_init_required=False,
     )
+    torch.distributed.barrier()  # every rank has mapped its peers' all-reduce buffers
+    release_shared_buffer(engine.global_rank)
     reset_peak_memory(engine.device)
     return engine
 
@@ -139,9 +146,70 @@ def _watch(engine: Any, observer: EngineObserver) -> None:
         before = engine.global_steps
         out = step(*args, **kwargs)
         if engine.global_steps != before:
+            if before == 0:  # every rank has joined a gradient reduction, so mapped the buffers
+                release_shared_buffer(engine.global_rank)
             observer.on_optimizer_step(engine)
         return out
 
     engine.forward, engine.step = observed_forward, observed_step
     reset_peak_memory(engine.device)
     observer.on_engine(engine)
+
+
+def release_shared_buffer(rank: int, host: str | None = None, port: str | None = None) -> None:
+    """Unlink the name of ``rank``'s CPU all-reduce buffer in ``/dev/shm``.
+
+    DeepSpeed's shared-memory all-reduce names a buffer per rank after the rendezvous
+    (``MASTER_ADDR``, ``MASTER_PORT``, by default from the environment) and never unlinks it,
+    so every experiment's (tens of MiB a rank) would stay in RAM until the machine restarts.
+    Once every rank has mapped its peers' buffers (any collective that completed proves it)
+    the name is no longer needed: the memory then goes with the last process that maps it,
+    a killed one included. A name already gone, or never made (GPU, several nodes), is skipped.
+    """
+    host = host or os.environ.get("MASTER_ADDR")
+    port = port or os.environ.get("MASTER_PORT")
+    if not host or not port:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{host}_{port}_{rank}")
+
+
+# A live build holds its lock file open; a build that was killed leaves the file behind and
+# every later load of that op waits on it forever.  Older than this and held by no process
+# here, a lock is stale (the age guards a build on another node that shares the directory).
+STALE_LOCK_AGE_S = 300.0
+
+
+def clear_stale_build_locks() -> list[str]:
+    """Remove the locks that interrupted builds of DeepSpeed's JIT ops left; returns them.
+
+    torch's extension builder guards each op's build directory with a ``lock`` file that it
+    creates, holds open while it builds, and removes after. Without this an experiment that
+    needs the op (FusedAdam on CPU, the shared-memory all-reduce) would hang until its
+    timeout, and so would every experiment after it.
+    """
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    locks = glob.glob(os.path.join(root, "*", "lock")) + glob.glob(
+        os.path.join(root, "*", "*", "lock")
+    )
+    now, removed = time.time(), []
+    for lock in locks:
+        with contextlib.suppress(OSError):
+            if now - os.stat(lock).st_mtime > STALE_LOCK_AGE_S and not _held_open(lock):
+                os.unlink(lock)
+                removed.append(lock)
+    return removed
+
+
+def _held_open(path: str) -> bool:
+    """Whether any process on this machine that we can see has ``path`` open."""
+    target = os.path.realpath(path)
+    for fds in glob.glob("/proc/[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fds):
+                with contextlib.suppress(OSError):
+                    if os.readlink(os.path.join(fds, fd)) == target:
+                        return True
+    return False

@@ -148,6 +148,9 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)  # the driver died before the signal was armed: it will never come
 
 
 def _died(rank: int, exitcode: int | None) -> RankOutcome:

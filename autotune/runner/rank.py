@@ -114,6 +114,11 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
             raise
     finally:
         _teardown(dist)
+        if spec.engine == "deepspeed":  # an experiment that failed before its first step
+            from autotune.runner.deepspeed_engine import release_shared_buffer
+
+            url = urlsplit(init_method)
+            release_shared_buffer(rank, url.hostname, str(url.port) if url.port else None)
         release_memory()
     return outcome
 

@@ -6,9 +6,12 @@ which the rank sets); the rest run anywhere."""
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import json
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import autotune.engines
 from autotune.cli import app
 from autotune.config import load_config
 from autotune.results import load_results
+from autotune.runner.deepspeed_engine import STALE_LOCK_AGE_S, clear_stale_build_locks
 from autotune.script import ScriptTarget
 from autotune.tuning import TuningJob
 
@@ -35,6 +39,11 @@ def _deepspeed_installed() -> bool:
 
 
 needs_deepspeed = pytest.mark.skipif(not _deepspeed_installed(), reason="needs DeepSpeed")
+
+
+def shared_buffers() -> set[str]:
+    """The CPU all-reduce buffers DeepSpeed has in /dev/shm for this user."""
+    return set(glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*"))
 
 
 def write_config(tmp_path: Path, **overrides: Any) -> Path:
@@ -111,8 +120,10 @@ def test_a_workload_is_tuned_on_deepspeed_at_every_stage_and_resumes(
 ) -> None:
     config, results = write_config(tmp_path), tmp_path / "results"
     args = ["run", "-c", str(config), "--results-dir", str(results), "-q", "--workload", "mlp"]
+    buffers_before = shared_buffers()
     first = cli.invoke(app, args)
     assert first.exit_code == 0, first.output
+    assert shared_buffers() <= buffers_before  # none of them left in RAM
     frame = load_results(results)
     assert list(frame["status"]) == ["ok"] * 4, frame[["name", "status", "error"]]
     assert set(frame["zero_stage"]) == {0, 1, 2, 3}
@@ -143,8 +154,10 @@ def test_a_deepspeed_script_is_tuned_on_deepspeed_with_its_failures_recorded(
     results = tmp_path / "results"
     args = ["run", "--results-dir", str(results), "-q", "--", str(SCRIPT)]
     args += ["--deepspeed", str(config), "--per_device_train_batch_size", "3"]
+    buffers_before = shared_buffers()
     outcome = cli.invoke(app, [*args, "--faults", "z3_8=raise"])
     assert outcome.exit_code == 0, outcome.output
+    assert shared_buffers() <= buffers_before
 
     frame = load_results(results).set_index("name")
     assert frame.loc["z3_mbs8", "status"] == "error"
@@ -157,3 +170,19 @@ def test_a_deepspeed_script_is_tuned_on_deepspeed_with_its_failures_recorded(
         assert row["flops"] > 0 and row["engine"] == "deepspeed"
     command = (results / "cmd_optimal.txt").read_text()
     assert command.startswith("torchrun --standalone --nproc_per_node 2 ")
+
+
+def test_a_build_lock_an_interrupted_build_left_is_cleared_and_a_live_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    old = time.time() - STALE_LOCK_AGE_S - 60
+    stale, held, fresh = (tmp_path / op / "lock" for op in ("fused_adam", "cpu_adam", "shm"))
+    for lock in (stale, held, fresh):
+        lock.parent.mkdir()
+        lock.touch()
+    os.utime(stale, (old, old))
+    os.utime(held, (old, old))
+    with held.open():  # a build in progress keeps its lock open
+        assert clear_stale_build_locks() == [str(stale)]
+    assert not stale.exists() and held.exists() and fresh.exists()
