@@ -13,8 +13,9 @@ import re
 BUILTIN_LABEL = "autotune's built-in ZeRO engine"
 # The oldest DeepSpeed whose ``initialize`` / engine API this runner calls as it does.
 MIN_VERSION = (0, 14, 0)
-# Engines whose experiments each get fresh rank processes (their state is not reset yet).
-FRESH_PROCESSES = frozenset({"deepspeed"})
+# Engines whose process state is reset after a clean experiment but not trusted after a
+# failed one (a failure can leave anything half set up): their gang is then replaced.
+FRESH_AFTER_FAILURE = frozenset({"deepspeed"})
 
 
 class DeepSpeedUnavailable(RuntimeError):

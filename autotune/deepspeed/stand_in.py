@@ -135,7 +135,7 @@ def standing_in() -> Iterator[None]:
             else:
                 sys.modules[name] = module
         _imported_standing_in.update(m for m in sys.modules if _is_client(m))
-        _reset_accelerate()
+        reset_accelerate()
 
 
 def _is_client(module: str) -> bool:
@@ -153,7 +153,7 @@ def _forget_clients() -> None:
     _imported_standing_in.clear()
 
 
-def _reset_accelerate() -> None:
+def reset_accelerate() -> None:
     """Forget Accelerate's process-wide state, which names the run's (now destroyed) group."""
     state = sys.modules.get("accelerate.state")
     if state is not None:

@@ -6,19 +6,20 @@ With this engine a rank builds DeepSpeed's own engine with ``deepspeed.initializ
 it exactly as the built-in one (end to end, a barrier after each optimizer step; not
 DeepSpeed's internal timers).
 
-DeepSpeed keeps process state that outlives an engine: its comm backend and process groups
-(Python globals), its accelerator, and on CPU a shared-memory all-reduce in a C++ extension.
-Until resetting it between experiments is proven safe, every DeepSpeed experiment gets fresh
-rank processes (:data:`autotune.engines.FRESH_PROCESSES`); what that costs is a rank's
-start-up, which the result's ``startup_s`` shows. (A first reset under torchrun, which reuses
-one rendezvous store, hung; with a fresh ``tcp://`` rendezvous per experiment, as the runners
-make, resetting ``deepspeed.comm.comm`` and ``deepspeed.utils.groups`` ran stages 0-3 in the
-same processes: the next step.)
+DeepSpeed keeps process state that outlives an engine, and the warm rank processes run one
+experiment after another, so :func:`reset_state` puts it back after each: its registry of
+process groups (``deepspeed.utils.groups``, which names the experiment's destroyed groups)
+returns to how import left it, and Accelerate's singletons are forgotten. Its comm backend
+is kept: it follows torch's default group, which each experiment makes afresh, and its CPU
+shared-memory all-reduce is set up once per process (a second backend would map another
+64 MiB a rank). After a failed experiment the gang is replaced instead
+(:data:`autotune.engines.FRESH_AFTER_FAILURE`): a failure can leave anything half done.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import glob
 import json
 import os
@@ -40,13 +41,46 @@ def load(world_size: int) -> Any:
     import torch
 
     installed_deepspeed()
-    clear_stale_build_locks()
+    if _pristine_groups is None:  # the first load in this process
+        clear_leftovers()
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("LOCAL_SIZE", str(world_size))
     import deepspeed
 
+    _remember_pristine_groups()
     return deepspeed
+
+
+# ``deepspeed.utils.groups``' module state as import left it: what reset_state restores.
+_pristine_groups: dict[str, Any] | None = None
+
+
+def _remember_pristine_groups() -> None:
+    global _pristine_groups
+    if _pristine_groups is None:
+        from deepspeed.utils import groups
+
+        _pristine_groups = {
+            name: copy.copy(value)
+            for name, value in vars(groups).items()
+            if not name.startswith("__")
+            and (value is None or isinstance(value, dict | list | set | int | str))
+        }
+
+
+def reset_state() -> None:
+    """Ready this process for its next DeepSpeed experiment, once this one's group is gone
+    (see the module's docstring for what is reset and what is kept)."""
+    from autotune.deepspeed.stand_in import reset_accelerate
+
+    reset_accelerate()
+    if _pristine_groups is None:  # DeepSpeed was never loaded here
+        return
+    from deepspeed.utils import groups
+
+    for name, value in _pristine_groups.items():
+        setattr(groups, name, copy.copy(value))
 
 
 def initialize(model: Any, config: Mapping[str, Any], world_size: int) -> Any:
@@ -156,6 +190,10 @@ def _watch(engine: Any, observer: EngineObserver) -> None:
     observer.on_engine(engine)
 
 
+# How DeepSpeed's CPU all-reduce names its buffers: ``<prefix>_<uid>_<addr>_<port>_<rank>``.
+SHARED_BUFFER_PREFIX = "deepspeed_allreduce_buffer"
+
+
 def release_shared_buffer(rank: int, host: str | None = None, port: str | None = None) -> None:
     """Unlink the name of ``rank``'s CPU all-reduce buffer in ``/dev/shm``.
 
@@ -171,45 +209,59 @@ def release_shared_buffer(rank: int, host: str | None = None, port: str | None =
     if not host or not port:
         return
     with contextlib.suppress(OSError):
-        os.unlink(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{host}_{port}_{rank}")
+        os.unlink(f"/dev/shm/{SHARED_BUFFER_PREFIX}_{os.getuid()}_{host}_{port}_{rank}")
 
 
-# A live build holds its lock file open; a build that was killed leaves the file behind and
-# every later load of that op waits on it forever.  Older than this and held by no process
-# here, a lock is stale (the age guards a build on another node that shares the directory).
-STALE_LOCK_AGE_S = 300.0
+# What a killed DeepSpeed process leaves behind: a JIT op's build lock (a live build holds it
+# open; left behind, every later load of that op waits on it forever) and its shared-memory
+# all-reduce buffer (a live rank maps it; left behind, 64 MiB of RAM until the machine
+# restarts). Older than this and used by no process here, either is stale; the age guards
+# a build on another node that shares the directory, and a buffer being made.
+STALE_AGE_S = 300.0
 
 
-def clear_stale_build_locks() -> list[str]:
-    """Remove the locks that interrupted builds of DeepSpeed's JIT ops left; returns them.
-
-    torch's extension builder guards each op's build directory with a ``lock`` file that it
-    creates, holds open while it builds, and removes after. Without this an experiment that
-    needs the op (FusedAdam on CPU, the shared-memory all-reduce) would hang until its
-    timeout, and so would every experiment after it.
-    """
+def clear_leftovers() -> list[str]:
+    """Remove the stale leftovers of killed DeepSpeed processes (see :data:`STALE_AGE_S`);
+    returns what was removed. Without it an experiment that needs the op would hang until
+    its timeout, and so would every experiment after it."""
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-    locks = glob.glob(os.path.join(root, "*", "lock")) + glob.glob(
-        os.path.join(root, "*", "*", "lock")
-    )
-    now, removed = time.time(), []
-    for lock in locks:
+    candidates = [
+        *glob.glob(os.path.join(root, "*", "lock")),
+        *glob.glob(os.path.join(root, "*", "*", "lock")),
+        *glob.glob(f"/dev/shm/{SHARED_BUFFER_PREFIX}_{os.getuid()}_*"),
+    ]
+    now = time.time()
+    old = []
+    for path in candidates:
         with contextlib.suppress(OSError):
-            if now - os.stat(lock).st_mtime > STALE_LOCK_AGE_S and not _held_open(lock):
-                os.unlink(lock)
-                removed.append(lock)
+            if now - os.stat(path).st_mtime > STALE_AGE_S:
+                old.append(os.path.realpath(path))
+    in_use = _in_use(old) if old else set()
+    removed = []
+    for path in old:
+        if path not in in_use:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(path)
     return removed
 
 
-def _held_open(path: str) -> bool:
-    """Whether any process on this machine that we can see has ``path`` open."""
-    target = os.path.realpath(path)
-    for fds in glob.glob("/proc/[0-9]*/fd"):
+def _in_use(paths: list[str]) -> set[str]:
+    """Those of ``paths`` that a process on this machine (one we may inspect) has open or
+    mapped."""
+    wanted, found = set(paths), set()
+    for proc in glob.glob("/proc/[0-9]*"):
         with contextlib.suppress(OSError):
-            for fd in os.listdir(fds):
+            for fd in os.listdir(os.path.join(proc, "fd")):
                 with contextlib.suppress(OSError):
-                    if os.readlink(os.path.join(fds, fd)) == target:
-                        return True
-    return False
+                    target = os.readlink(os.path.join(proc, "fd", fd))
+                    if target in wanted:
+                        found.add(target)
+        with contextlib.suppress(OSError), open(os.path.join(proc, "maps")) as maps:
+            for line in maps:
+                fields = line.rstrip("\n").split(maxsplit=5)
+                if len(fields) == 6 and fields[5] in wanted:
+                    found.add(fields[5])
+    return found

@@ -107,18 +107,24 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
                 world_size=spec.world_size,
                 timeout=timedelta(seconds=max(spec.timeout_s, 1.0)),
             )
-            outcome = _profiled_run(spec, rank, init_method, device, started)
+            # DeepSpeed reads its rank and node from torchrun's variables.
+            env = torchrun_env(spec.world_size, rank, init_method, device)
+            with entries_set(os.environ, env if spec.engine == "deepspeed" else {}):
+                outcome = _profiled_run(spec, rank, init_method, device, started)
     except BaseException as exc:  # a failed experiment is data, never a crash
         outcome = failure_outcome(rank, exc)
         if isinstance(exc, KeyboardInterrupt):
             raise
     finally:
         _teardown(dist)
-        if spec.engine == "deepspeed":  # an experiment that failed before its first step
-            from autotune.runner.deepspeed_engine import release_shared_buffer
+        if spec.engine == "deepspeed":
+            from autotune.runner import deepspeed_engine
 
+            # Its buffer's name, if it failed before its first step, then its process state.
             url = urlsplit(init_method)
-            release_shared_buffer(rank, url.hostname, str(url.port) if url.port else None)
+            port = str(url.port) if url.port else None
+            deepspeed_engine.release_shared_buffer(rank, url.hostname, port)
+            deepspeed_engine.reset_state()
         release_memory()
     return outcome
 
@@ -160,9 +166,6 @@ def _profiled_run(
     if spec.engine == "deepspeed":
         from autotune.runner import deepspeed_engine
 
-        # DeepSpeed reads its rank and node from torchrun's variables; this process is
-        # retired after the experiment, so they need no restoring.
-        os.environ.update(torchrun_env(spec.world_size, rank, init_method, device))
         engine = deepspeed_engine.initialize(model, config, spec.world_size)
 
         def peak_memory_bytes() -> int:

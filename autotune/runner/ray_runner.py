@@ -52,7 +52,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import ConfigError
-from autotune.engines import FRESH_PROCESSES
+from autotune.engines import FRESH_AFTER_FAILURE
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
 from autotune.runner.outcome import experiment_verdict
@@ -373,12 +373,15 @@ class _Running:
 
     @property
     def gang_reusable(self) -> bool:
-        """Every rank answered and none died: the actors are idle and clean (and the
-        experiment's engine left no process state behind, see ``FRESH_PROCESSES``)."""
+        """Every rank answered and none died: the actors are idle and clean (and, for an
+        engine in ``FRESH_AFTER_FAILURE``, every rank succeeded)."""
         return (
             len(self.outcomes) == self.spec.world_size
             and not self.gang_broken
-            and self.spec.engine not in FRESH_PROCESSES
+            and (
+                self.spec.engine not in FRESH_AFTER_FAILURE
+                or all(outcome.status is Status.ok for outcome in self.outcomes.values())
+            )
         )
 
     def result(self) -> ExperimentResult:

@@ -4,7 +4,9 @@
 HF-Trainer-like flags (``--per_device_train_batch_size``, ``--deepspeed``), a real DataLoader
 with a DistributedSampler over a small synthetic dataset, a tiny model, ``import deepspeed``.
 It prints the batch its loader really produced, so a test can check that
-``autotuning.arg_mappings`` made the loader agree with the experiment's micro-batch.
+``autotuning.arg_mappings`` made the loader agree with the experiment's micro-batch, and
+its process id and losses, so a test can see which experiments shared a process and that
+they trained alike.
 
 ``--faults z1_8=raise,z2_4=hang,...`` makes the experiment at that (ZeRO stage, loader batch)
 fail on rank 1 at its second step: ``raise`` an exception, ``hang`` forever, or ``early``
@@ -14,6 +16,7 @@ fail on rank 1 at its second step: ``raise`` an exception, ``hang`` forever, or 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import deepspeed
@@ -71,7 +74,7 @@ def main() -> None:
     for _epoch in range(args.num_train_epochs):
         for x, y in loader:
             if step == 0:
-                print(f"loader_batch={x.shape[0]}", flush=True)
+                print(f"loader_batch={x.shape[0]} pid={os.getpid()}", flush=True)
             if step == 1 and fault == "early":
                 return
             if step == 1 and dist.get_rank() == 1:
@@ -82,6 +85,7 @@ def main() -> None:
             loss = engine(x.to(device), y.to(device))
             engine.backward(loss)
             engine.step()
+            print(f"loss={loss.item():.6f}", flush=True)
             step += 1
     print(f"finished {step} steps", flush=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import json
+import mmap
 import os
 import re
 import time
@@ -22,23 +23,13 @@ import autotune.engines
 from autotune.cli import app
 from autotune.config import load_config
 from autotune.results import load_results
-from autotune.runner.deepspeed_engine import STALE_LOCK_AGE_S, clear_stale_build_locks
+from autotune.runner.deepspeed_engine import STALE_AGE_S, clear_leftovers
 from autotune.script import ScriptTarget
 from autotune.tuning import TuningJob
+from tests.deepspeed_installed import needs_deepspeed
 
 SCRIPT = Path(__file__).with_name("ds_script.py")
 cli = CliRunner()
-
-
-def _deepspeed_installed() -> bool:
-    try:
-        autotune.engines.installed_deepspeed()
-    except autotune.engines.DeepSpeedUnavailable:
-        return False
-    return True
-
-
-needs_deepspeed = pytest.mark.skipif(not _deepspeed_installed(), reason="needs DeepSpeed")
 
 
 def shared_buffers() -> set[str]:
@@ -164,25 +155,41 @@ def test_a_deepspeed_script_is_tuned_on_deepspeed_with_its_failures_recorded(
     assert frame.loc["z3_mbs8", "error"] == "RuntimeError: injected failure in the training loop"
     ok = frame[frame["status"] == "ok"]
     assert set(ok.index) == {"z0_mbs4", "z0_mbs8", "z3_mbs4"}
+    pids, losses = {}, {}
     for name, row in ok.iterrows():
         output = (results / "exps" / str(name) / "rank1.out").read_text()
         assert f"loader_batch={row['micro_batch_size']}" in output
         assert row["flops"] > 0 and row["engine"] == "deepspeed"
+        pids[name] = re.findall(r"pid=(\d+)", output)
+        losses[name] = [float(v) for v in re.findall(r"loss=(\S+)", output)]
+    # DeepSpeed's state is reset between experiments in the warm actors, not by new ones...
+    assert len({pid for found in pids.values() for pid in found}) < len(ok)
+    # ...and the reused process trains as the first did: stage 3 as stage 0, same data.
+    assert losses["z3_mbs4"] == pytest.approx(losses["z0_mbs4"], rel=1e-4)
     command = (results / "cmd_optimal.txt").read_text()
     assert command.startswith("torchrun --standalone --nproc_per_node 2 ")
 
 
-def test_a_build_lock_an_interrupted_build_left_is_cleared_and_a_live_one_kept(
+def test_the_leftovers_of_killed_deepspeed_processes_are_cleared_and_live_ones_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    old = time.time() - STALE_LOCK_AGE_S - 60
+    old = time.time() - STALE_AGE_S - 60
     stale, held, fresh = (tmp_path / op / "lock" for op in ("fused_adam", "cpu_adam", "shm"))
-    for lock in (stale, held, fresh):
-        lock.parent.mkdir()
-        lock.touch()
-    os.utime(stale, (old, old))
-    os.utime(held, (old, old))
-    with held.open():  # a build in progress keeps its lock open
-        assert clear_stale_build_locks() == [str(stale)]
-    assert not stale.exists() and held.exists() and fresh.exists()
+    buffer = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_test.invalid_1_"
+    stale_buffer, mapped_buffer = Path(buffer + "0"), Path(buffer + "1")
+    for path in (stale, held, fresh):
+        path.parent.mkdir()
+    for path in (stale, held, fresh, stale_buffer, mapped_buffer):
+        path.write_bytes(b"\0" * 4096)
+    for path in (stale, held, stale_buffer, mapped_buffer):
+        os.utime(path, (old, old))
+    try:
+        # A build in progress keeps its lock open; a live rank maps its buffer.
+        with held.open(), mapped_buffer.open("r+b") as file, mmap.mmap(file.fileno(), 0):
+            removed = clear_leftovers()
+        assert {str(stale), str(stale_buffer)} <= set(removed)  # and any real ones
+        assert held.exists() and fresh.exists() and mapped_buffer.exists()
+    finally:
+        for path in (stale_buffer, mapped_buffer):
+            path.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.results import load_results
 from tests.cli_process import start_autotune, wait_for_lines
+from tests.deepspeed_installed import needs_deepspeed
 
 pytestmark = pytest.mark.multirank
 SCRIPT = Path(__file__).with_name("ds_script.py")
@@ -88,8 +89,11 @@ def test_ray_tunes_the_script_and_records_its_failures(ray_cluster: str, tmp_pat
     assert best.exit_code == 0 and best.stdout.strip().endswith("ds_config_optimal.json")
 
 
-def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path) -> None:
-    config = write_config(tmp_path, start_profile_step=1, end_profile_step=2, timeout_s=90)
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("deepspeed", marks=needs_deepspeed)])
+def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path, engine: str) -> None:
+    config = write_config(
+        tmp_path, start_profile_step=1, end_profile_step=2, timeout_s=90, engine=engine
+    )
     spec = json.loads(config.read_text())
     spec["train_micro_batch_size_per_gpu"] = [2, 4]
     spec["zero_optimization"]["stage"] = 1
