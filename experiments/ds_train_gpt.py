@@ -23,6 +23,7 @@ def main() -> None:
     parser.add_argument("--per_device_train_batch_size", type=int, default=4)
     parser.add_argument("--num_samples", type=int, default=256)
     parser.add_argument("--num_train_epochs", type=int, default=1)
+    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     args = parser.parse_args()
 
     deepspeed.init_distributed()
