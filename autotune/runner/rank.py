@@ -94,22 +94,20 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
 
         import_before_process_groups()
         device = _device_for(rank)
-        if spec.script is not None:
-            from autotune.runner.script import run_script
+        with _engine_session(spec, rank, init_method, device):
+            if spec.script is not None:
+                from autotune.runner.script import run_script
 
-            # The script makes its process group itself (env://), as under torchrun.
-            outcome = run_script(spec, rank, init_method, device, started)
-        else:
-            dist.init_process_group(
-                backend="nccl" if device.type == "cuda" else "gloo",
-                init_method=init_method,
-                rank=rank,
-                world_size=spec.world_size,
-                timeout=timedelta(seconds=max(spec.timeout_s, 1.0)),
-            )
-            # DeepSpeed reads its rank and node from torchrun's variables.
-            env = torchrun_env(spec.world_size, rank, init_method, device)
-            with entries_set(os.environ, env if spec.engine == "deepspeed" else {}):
+                # The script makes its process group itself (env://), as under torchrun.
+                outcome = run_script(spec, rank, init_method, device, started)
+            else:
+                dist.init_process_group(
+                    backend="nccl" if device.type == "cuda" else "gloo",
+                    init_method=init_method,
+                    rank=rank,
+                    world_size=spec.world_size,
+                    timeout=timedelta(seconds=max(spec.timeout_s, 1.0)),
+                )
                 outcome = _profiled_run(spec, rank, init_method, device, started)
     except BaseException as exc:  # a failed experiment is data, never a crash
         outcome = failure_outcome(rank, exc)
@@ -127,6 +125,18 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
             deepspeed_engine.reset_state()
         release_memory()
     return outcome
+
+
+def _engine_session(
+    spec: ExperimentSpec, rank: int, init_method: str, device: Any
+) -> contextlib.AbstractContextManager[None]:
+    """What the experiment's engine needs around its run (DeepSpeed: torchrun's variables,
+    and its engines destroyed at the end)."""
+    if spec.engine != "deepspeed":
+        return contextlib.nullcontext()
+    from autotune.runner import deepspeed_engine
+
+    return deepspeed_engine.session(torchrun_env(spec.world_size, rank, init_method, device))
 
 
 def _device_for(rank: int) -> Any:
