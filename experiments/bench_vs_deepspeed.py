@@ -10,7 +10,10 @@ script's ``--per_device_train_batch_size``. Each tool starts from nothing in its
 - ``deepspeed --autotuning run --num_gpus 2 ds_train_gpt.py --deepspeed ds_config.json``
   (on CPU its accelerator counts devices from ``LOCAL_SIZE``; its launcher needs the venv's
   ``bin`` on ``PATH``; its results table needs ``tabulate``);
-- ``autotune run --engine deepspeed -- ds_train_gpt.py --deepspeed ds_config.json``.
+- ``autotune run --engine deepspeed -- ds_train_gpt.py --deepspeed ds_config.json``, its
+  default search (every ZeRO stage, then the re-measurement race);
+- the same with ``autotuning.time_budget_s`` a third of DeepSpeed's wall time: what a user
+  who wants the answer in that time gets.
 
 Then each tool's ``ds_config_optimal.json`` trains the same script on DeepSpeed, measured
 alike for both (autotune's local runner on the DeepSpeed engine: fresh processes, the same
@@ -52,7 +55,7 @@ from autotune.script import ScriptTarget
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ds_train_gpt.py"
 MICRO_BATCH_FLAG = "--per_device_train_batch_size"
-TOOLS = ("deepspeed", "autotune")
+TOOLS = ("deepspeed", "autotune", "autotune_budget")
 
 
 def tuning_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -77,11 +80,16 @@ def script_args(config: Path, args: argparse.Namespace) -> list[str]:
     return [str(SCRIPT), "--deepspeed", str(config), "--num_samples", str(args.num_samples)]
 
 
-def run_tool(tool: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_tool(
+    tool: str, folder: Path, args: argparse.Namespace, time_budget_s: float | None = None
+) -> dict[str, Any]:
     """Tune in ``folder`` from nothing; the wall time, experiments and winning config."""
     folder.mkdir(parents=True)
     config = folder / "ds_config.json"
-    config.write_text(json.dumps(tuning_config(args), indent=1))
+    settings = tuning_config(args)
+    if time_budget_s is not None:
+        settings["autotuning"]["time_budget_s"] = time_budget_s
+    config.write_text(json.dumps(settings, indent=1))
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
     if tool == "deepspeed":
@@ -155,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_vs_deepspeed.json")
     args = parser.parse_args(argv)
     version = installed_deepspeed()
-    for tool in TOOLS:
+    for tool in ("deepspeed", "autotune"):
         if shutil.which(tool, path=str(Path(sys.executable).parent)) is None:
             raise SystemExit(f"`{tool}` is not in this venv's bin: bash install.sh deepspeed")
     if importlib.util.find_spec("tabulate") is None:
@@ -164,7 +172,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
 
     work = Path(tempfile.mkdtemp(prefix="bench_vs_deepspeed_"))
-    tuned = {tool: run_tool(tool, work / tool, args) for tool in TOOLS}
+    tuned = {tool: run_tool(tool, work / tool, args) for tool in ("deepspeed", "autotune")}
+    budget_s = tuned["deepspeed"]["wall_s"] / 3
+    tuned["autotune_budget"] = run_tool("autotune", work / "autotune_budget", args, budget_s)
     for tool in TOOLS:
         print(
             f"{tool:9s} tuned in {tuned[tool]['wall_s']:.0f} s, "
@@ -176,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     runner = LocalRunner()
     samples: dict[str, list[float]] = {tool: [] for tool in TOOLS}
     for round_index in range(args.rounds):
-        order = TOOLS if round_index % 2 == 0 else TOOLS[::-1]
+        order = TOOLS[round_index % len(TOOLS) :] + TOOLS[: round_index % len(TOOLS)]
         for tool in order:
             result = runner.run(measure_spec(tool, tuned[tool]["optimal"], args, round_index))
             if not result.ok or result.metrics is None:
@@ -185,10 +195,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"round {round_index} {tool:9s} winner {samples[tool][-1]:.1f} samples/s")
 
     median = {tool: statistics.median(samples[tool]) for tool in TOOLS}
-    # Noise: the spread of one winner's rounds around its median, the larger of the two.
+    # Noise: the spread of one winner's rounds around its median, the largest of them.
     noise = max((max(samples[t]) - min(samples[t])) / 2 / median[t] for t in TOOLS)
-    ratio = median["autotune"] / median["deepspeed"]
-    time_share = tuned["autotune"]["wall_s"] / tuned["deepspeed"]["wall_s"]
+    ratio = {t: median[t] / median["deepspeed"] for t in TOOLS[1:]}
+    time_share = {t: tuned[t]["wall_s"] / tuned["deepspeed"]["wall_s"] for t in TOOLS[1:]}
     print(f"\nDeepSpeed {version}, world size {args.world_size}, {args.rounds} rounds")
     print("| tuner | wall time (s) | experiments | winner | winner on DeepSpeed (samples/s) |")
     print("|---|---|---|---|---|")
@@ -198,10 +208,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{winner_label(tuned[tool]['optimal'])} | {median[tool]:.1f} "
             f"({min(samples[tool]):.1f}-{max(samples[tool]):.1f}) |"
         )
-    print(
-        f"\nautotune's winner / DeepSpeed's: {ratio:.3f} (noise: +-{noise:.3f}); "
-        f"autotune's wall time / DeepSpeed's: {time_share:.2f}"
-    )
+    for tool in TOOLS[1:]:
+        print(
+            f"{tool}: winner / DeepSpeed's {ratio[tool]:.3f} (noise +-{noise:.3f}), "
+            f"wall time / DeepSpeed's {time_share[tool]:.2f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "how": {
