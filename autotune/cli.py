@@ -117,7 +117,10 @@ def run(
     results_dir: Annotated[Path | None, typer.Option(help="Where results live.")] = None,
     device_memory: Annotated[
         str | None,
-        typer.Option(help="Per-rank memory budget, e.g. 16GiB (CPU default: 512MiB)."),
+        typer.Option(
+            help="Per-rank memory budget, e.g. 16GiB (CPU default: 512MiB; with --engine "
+            "deepspeed the host's RAM shared among the ranks)."
+        ),
     ] = None,
     fast: Annotated[
         bool | None, typer.Option("--fast/--no-fast", help="Only stages and micro-batch.")

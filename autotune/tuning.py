@@ -11,6 +11,7 @@ the moment it finishes, so a crash loses only the experiments in flight.
 
 from __future__ import annotations
 
+import os
 import platform
 import shlex
 from collections.abc import Callable, Mapping
@@ -108,12 +109,22 @@ class TuningJob:
 
     @property
     def memory_budget(self) -> int | None:
-        """The per-rank budget: the flag's, else the config's, else on a machine without a
-        GPU a default that stands in for one (so the tuner meets out-of-memory boundaries
-        instead of growing micro-batches until the host runs out of RAM)."""
+        """The per-rank budget: the flag's, else the config's, else on a machine without a GPU:
+
+        - built-in engine: a default that stands in for a device. The engine enforces it, so
+          the tuner meets out-of-memory boundaries instead of growing micro-batches until the
+          host runs out of RAM.
+        - DeepSpeed: the host's RAM shared among the ranks. DeepSpeed enforces no budget, and
+          its CPU peak is the whole process's resident set. Set against the stand-in, that
+          peak (libraries included) made every size look over the limit. The search then
+          climbed one micro-batch at a time.
+        """
         budget = self.device_memory_bytes or self.config.device_memory_bytes
         if budget is None and not _has_cuda():
-            budget = parse_size(DEFAULT_CPU_DEVICE_MEMORY)
+            if self.config.autotuning.engine is EngineName.deepspeed:
+                budget = _host_memory_bytes() // self.world_size
+            else:
+                budget = parse_size(DEFAULT_CPU_DEVICE_MEMORY)
         return budget
 
     def fingerprint(self) -> dict[str, Any]:
@@ -479,6 +490,10 @@ class _Replayed:
     history: list[ExperimentResult]  # finished experiments, in the order they were proposed
     owed: dict[str, int]  # unfinished ones: their proposal numbers
     next_proposal: int
+
+
+def _host_memory_bytes() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def _has_cuda() -> bool:

@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 import autotune.engines
+import autotune.tuning
 from autotune.cli import app
 from autotune.config import load_config
 from autotune.results import load_results
@@ -71,6 +72,21 @@ def test_the_engine_is_part_of_the_job_and_builtin_jobs_keep_their_fingerprint()
     )
     assert "engine" not in builtin.fingerprint()["tuned"]  # earlier results still resume
     assert deepspeed.fingerprint()["tuned"]["engine"] == "deepspeed"
+
+
+def test_on_cpu_deepspeed_is_bounded_by_the_hosts_ram_not_the_stand_in_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(autotune.tuning, "_has_cuda", lambda: False)
+    monkeypatch.setattr(autotune.tuning, "_host_memory_bytes", lambda: 24 * 2**30)
+
+    def job(engine: str, **config: Any) -> TuningJob:
+        settings = {"train_micro_batch_size_per_gpu": 2, "autotuning": {"engine": engine}}
+        return TuningJob(load_config({**settings, **config}, world_size=2))
+
+    assert job("builtin").memory_budget == 512 * 2**20  # the engine enforces the stand-in
+    assert job("deepspeed").memory_budget == 12 * 2**30  # nothing enforces it on DeepSpeed
+    assert job("deepspeed", device_memory_bytes="4GiB").memory_budget == 4 * 2**30
 
 
 def test_without_deepspeed_the_run_stops_before_anything_starts(
