@@ -7,7 +7,7 @@ it exactly as the built-in one (end to end, a barrier after each optimizer step;
 DeepSpeed's internal timers).
 
 DeepSpeed keeps process state that outlives an engine, and the warm rank processes run one
-experiment after another, so :func:`reset_state` puts it back after each: its registry of
+experiment after another, so :func:`session` puts it back after each: its registry of
 process groups (``deepspeed.utils.groups``, which names the experiment's destroyed groups)
 returns to how import left it, and Accelerate's singletons are forgotten. Its comm backend
 is kept: it follows torch's default group, which each experiment makes afresh, and its CPU
@@ -52,7 +52,7 @@ def load(world_size: int) -> Any:
     return deepspeed
 
 
-# ``deepspeed.utils.groups``' module state as import left it: what reset_state restores.
+# ``deepspeed.utils.groups``' module state as import left it: what session restores.
 _pristine_groups: dict[str, Any] | None = None
 # The engines built in this process's current experiment: session destroys them.
 _engines: list[Any] = []
@@ -60,13 +60,15 @@ _engines: list[Any] = []
 
 @contextlib.contextmanager
 def session(env: Mapping[str, str]) -> Iterator[None]:
-    """One experiment on DeepSpeed in this process: torchrun's variables ``env`` set (DeepSpeed
-    reads its rank and node from them), and every engine built inside destroyed at the end.
+    """One experiment on DeepSpeed in this process, and this process ready for the next.
 
-    ``destroy`` is how DeepSpeed lets an engine go: it drops its optimizer's hooks, its debug
-    names of every module and parameter, and its hold on Python's GC. Without it each
-    experiment's model and optimizer stayed in the warm process (80 MiB an experiment for the
-    default GPT on CPU) and later experiments measured slower.
+    Inside, torchrun's variables ``env`` are set (DeepSpeed reads its rank and node from
+    them). At the end every engine built inside is destroyed: ``destroy`` is how DeepSpeed
+    lets an engine go (its optimizer's hooks, its debug names of every module and parameter,
+    its hold on Python's GC); without it each experiment's model and optimizer stayed in the
+    warm process (80 MiB an experiment for the default GPT on CPU) and later experiments
+    measured slower. Then the rank's all-reduce buffer loses its name (if the experiment
+    failed before its first step) and the process state is reset (see the module docstring).
     """
     with entries_set(os.environ, env):
         try:
@@ -75,7 +77,11 @@ def session(env: Mapping[str, str]) -> Iterator[None]:
             with contextlib.suppress(Exception):  # the experiment's own error is the verdict
                 _destroy_engines()
             raise
-        _destroy_engines()
+        else:
+            _destroy_engines()
+        finally:
+            release_shared_buffer(int(env["RANK"]))
+            _reset_state()
 
 
 def _destroy_engines() -> None:
@@ -96,9 +102,7 @@ def _remember_pristine_groups() -> None:
         }
 
 
-def reset_state() -> None:
-    """Ready this process for its next DeepSpeed experiment, once this one's group is gone
-    (see the module's docstring for what is reset and what is kept)."""
+def _reset_state() -> None:
     from autotune.deepspeed.stand_in import reset_accelerate
 
     reset_accelerate()
@@ -223,18 +227,17 @@ def _watch(engine: Any, observer: EngineObserver) -> None:
 SHARED_BUFFER_PREFIX = "deepspeed_allreduce_buffer"
 
 
-def release_shared_buffer(rank: int, host: str | None = None, port: str | None = None) -> None:
+def release_shared_buffer(rank: int) -> None:
     """Unlink the name of ``rank``'s CPU all-reduce buffer in ``/dev/shm``.
 
     DeepSpeed's shared-memory all-reduce names a buffer per rank after the rendezvous
-    (``MASTER_ADDR``, ``MASTER_PORT``, by default from the environment) and never unlinks it,
+    (``MASTER_ADDR``, ``MASTER_PORT`` in the environment) and never unlinks it,
     so every experiment's (tens of MiB a rank) would stay in RAM until the machine restarts.
     Once every rank has mapped its peers' buffers (any collective that completed proves it)
     the name is no longer needed: the memory then goes with the last process that maps it,
     a killed one included. A name already gone, or never made (GPU, several nodes), is skipped.
     """
-    host = host or os.environ.get("MASTER_ADDR")
-    port = port or os.environ.get("MASTER_PORT")
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
         return
     with contextlib.suppress(OSError):

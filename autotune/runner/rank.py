@@ -115,14 +115,6 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
             raise
     finally:
         _teardown(dist)
-        if spec.engine == "deepspeed":
-            from autotune.runner import deepspeed_engine
-
-            # Its buffer's name, if it failed before its first step, then its process state.
-            url = urlsplit(init_method)
-            port = str(url.port) if url.port else None
-            deepspeed_engine.release_shared_buffer(rank, url.hostname, port)
-            deepspeed_engine.reset_state()
         release_memory()
     return outcome
 
@@ -131,7 +123,7 @@ def _engine_session(
     spec: ExperimentSpec, rank: int, init_method: str, device: Any
 ) -> contextlib.AbstractContextManager[None]:
     """What the experiment's engine needs around its run (DeepSpeed: torchrun's variables,
-    and its engines destroyed at the end)."""
+    and its engines and process state let go at the end, see ``deepspeed_engine.session``)."""
     if spec.engine != "deepspeed":
         return contextlib.nullcontext()
     from autotune.runner import deepspeed_engine
