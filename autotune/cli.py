@@ -8,6 +8,7 @@ import enum
 import json
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -159,6 +160,7 @@ def run(
 
     Script mode: autotune run [OPTIONS] -- train.py --deepspeed ds_config.json [ARGS...]
     """
+    started_s = time.monotonic()  # autotuning.time_budget_s counts the cluster's start too
     from rich.console import Console
 
     from autotune.config import load_config, parse_size, read_json, set_key
@@ -223,6 +225,7 @@ def run(
         overwrite=overwrite or cfg.autotuning.overwrite,
         cpus_per_rank=cpus_per_rank,
         script=target,
+        started_s=started_s,
     )
     try:
         check_job(job)  # before Ray starts: a bad workload or directory is known at once

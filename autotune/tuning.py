@@ -80,6 +80,9 @@ class TuningJob:
         overwrite: discard a previous run's results in ``results_dir``.
         cpus_per_rank: cores (torch threads) each rank gets.
         script: script mode: the user's training script, run instead of ``workload``.
+        started_s: the ``time.monotonic()`` reading ``autotuning.time_budget_s`` counts from
+            (the CLI: the command's start, so the cluster's start-up counts); None: when
+            :func:`tune` starts.
     """
 
     config: Config
@@ -90,6 +93,7 @@ class TuningJob:
     overwrite: bool = False
     cpus_per_rank: int = DEFAULT_CPUS_PER_RANK
     script: ScriptTarget | None = None
+    started_s: float | None = None
 
     @property
     def results_path(self) -> Path:
@@ -476,7 +480,11 @@ def measured_model_info(history: list[ExperimentResult], world_size: int) -> Mod
 def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> _Replayed:
     """A tuner for ``job`` that has been told what ``results`` holds (see :func:`_replay`)."""
     tuner = Tuner(
-        job.config, info, device_memory_bytes=job.memory_budget, storage=results.study_url
+        job.config,
+        info,
+        device_memory_bytes=job.memory_budget,
+        storage=results.study_url,
+        started=job.started_s,
     )
     history, owed, next_proposal = _replay(tuner, results)
     return _Replayed(tuner, history, owed, next_proposal)

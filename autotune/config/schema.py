@@ -481,7 +481,11 @@ class AutotuningConfig(Section):
     # autotune's own keys (DeepSpeed has no equivalent).
     timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit per experiment.")
     time_budget_s: float | None = Field(
-        default=None, gt=0, description="Stop proposing experiments after this long."
+        default=None,
+        gt=0,
+        description="The run's wall time, from the command's start: an experiment starts "
+        "only if it is expected to end within it with time left to stop the cluster, and the "
+        "search leaves room to re-measure its best.",
     )
     num_remeasure: NonNegativeInt = Field(
         default=3, description="Top candidates re-measured before the best is declared."

@@ -25,8 +25,10 @@ The flow (DeepSpeed's, with its bugs fixed), one phase after another:
 Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a new best;
 the whole run ends once the first :data:`SAME_FAILURE_LIMIT` experiments all failed with the
 same error (a script that rejects a flag fails alike whatever the config);
-``tuner_num_trials`` caps the search experiments (re-measurements are extra); once
-``time_budget_s`` is spent nothing new is proposed.
+``tuner_num_trials`` caps the search experiments (re-measurements are extra).
+``time_budget_s`` bounds the run's wall time: an experiment starts only if it is expected to
+end within it (:mod:`autotune.tuner.budget`), and the search ends where its next experiment
+would leave no room to re-measure the best so far.
 
 Several experiments may be in flight at once. ``ask`` then returns None both when the search
 is over and when the next proposal needs a result first (the end of a phase, the next step of
@@ -62,11 +64,13 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import Config, ConfigError, Metric, TunerType
 from autotune.config.knobs import MICRO_BATCH_KEY, STAGE_KEY
 from autotune.experiment import ExperimentResult, Status, wall_time_s
+from autotune.tuner.budget import predicted_duration_s
 from autotune.tuner.naming import repeat_name, split_repeat
 from autotune.tuner.ranking import (
     Ranked,
     could_be_better,
     declared_order,
+    race_can_settle,
     rank,
     relative_noise,
     score,
@@ -169,6 +173,8 @@ class Tuner:
         storage: an Optuna storage URL (``sqlite:///<results_dir>/study.db``) so that a
             ``model_based`` study outlives the process; None keeps it in memory.
         clock: seconds, monotonic; injectable for tests.
+        started: the ``clock`` reading ``time_budget_s`` counts from (the command's start);
+            None: now.
         num_repeats: re-measurements of each top configuration.
 
     Raises:
@@ -199,6 +205,7 @@ class Tuner:
         device_memory_bytes: int | None = None,
         storage: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
         num_repeats: int = 2,
     ) -> None:
         self._config = config
@@ -230,7 +237,8 @@ class Tuner:
         self._stop_reason = ""
         self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
         self._clock = clock
-        self._started = clock()
+        self._started = clock() if started is None else started
+        self._first_asked: float | None = None  # when the first candidate went out
         self._replayed: list[ExperimentResult] = []
         # Micro-batch runs at the config's own knobs, per variant: size → result.
         self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
@@ -289,7 +297,12 @@ class Tuner:
                 self._advance()
                 continue
             candidate = self._candidate(name)
+            if candidate is not None and not self._fits_time_budget(name):
+                self._end_search_for_time(name)
+                continue
             if candidate is not None:
+                if self._first_asked is None:
+                    self._first_asked = self._clock()
                 self._pending[name] = candidate
                 if name in self._owed:  # keeps the place it was first proposed at
                     self._owed.discard(name)
@@ -433,9 +446,9 @@ class Tuner:
     def _next_name(self) -> str | None:
         """The next name the current phase wants run, or None if it has nothing now."""
         if self._phase is Phase.remeasure:
-            name = next((n for n in self._repeats if self._is_open_repeat(n)), None)
+            name = self._next_repeat()
             if name is None and not self._pending and self._extend_remeasure():
-                name = next((n for n in self._repeats if self._is_open_repeat(n)), None)
+                name = self._next_repeat()
             return name
         if self._search_budget_spent():
             return None
@@ -706,6 +719,79 @@ class Tuner:
             if name in self._phase_points:
                 self._tell_sampler(self._phase_points[name], self._results[name])
 
+    def _next_repeat(self) -> str | None:
+        """The first queued re-measurement not yet run that the time budget has room for;
+        those it has no room for are noted and never run."""
+        for name in self._repeats:
+            if not self._is_open_repeat(name) or name in self._ended:
+                continue
+            if self._fits_time_budget(name):
+                return name
+            reason = self._time_budget_reason()
+            self._ended[name] = f"not run: {reason}"
+            self._stop_reason = reason
+        return None
+
+    # --- the time budget ----------------------------------------------------------------------
+
+    def _fits_time_budget(self, name: str) -> bool:
+        """Whether ``name`` is expected to end within ``time_budget_s`` (see
+        :mod:`autotune.tuner.budget`) with time left to end the run; while the search goes
+        on, and for one re-measurement of the best so far. True when nothing can be
+        predicted yet."""
+        budget = self._tuning.time_budget_s
+        if budget is None:
+            return True
+        needed = self._predicted_s(name)
+        if needed is None:
+            return True
+        # The run's own start-up (its cluster, before the first experiment) is kept for its
+        # end, which stops what it started: an upper bound (a local Ray cluster here took
+        # 3.4 s to start and 1.4 s to shut down).
+        first_asked = self._clock() if self._first_asked is None else self._first_asked
+        needed += first_asked - self._started
+        if self._phase is not Phase.remeasure:
+            ranking = rank((self._results[n] for n in self._search_results()), self._tuning.metric)
+            best = next((r.name for r in ranking if r.name in self._entries), None)
+            needed += (self._predicted_s(best) or 0.0) if best is not None else 0.0
+        return self.elapsed_s + needed <= budget
+
+    def _predicted_s(self, name: str) -> float | None:
+        """How long ``name`` should take: from its own earlier measurements where it has
+        some (a re-measurement), else from every configuration's."""
+        base = split_repeat(name)[0]
+        micro_batch = self._entries[base].micro_batch_size
+        finished = []
+        for result_name, result in self._results.items():
+            entry = self._entries.get(split_repeat(result_name)[0])
+            if result.ok and entry is not None:
+                own = split_repeat(result_name)[0] == base
+                finished.append((own, entry.micro_batch_size, result.timings))
+        return predicted_duration_s(
+            micro_batch,
+            [(size, timings) for _, size, timings in finished],
+            own=[timings for own, _, timings in finished if own],
+        )
+
+    def _time_budget_reason(self) -> str:
+        return f"time budget of {self._tuning.time_budget_s:g} s"
+
+    def _end_search_for_time(self, name: str) -> None:
+        """The search's next experiment would not end in time: what is left of the budget
+        goes to re-measuring what the search found."""
+        reason = self._time_budget_reason()
+        if self._tuning.num_remeasure > 0:
+            reason += ": the rest kept for re-measuring the best"
+        point = self._phase_points.get(name)
+        if point is not None and self._sampler is not None:
+            self._sampler.tell(point, None)
+        self._ended[name] = f"not run: {reason}"
+        self._note_unreached(reason)
+        self._stop_reason = reason
+        self._sampler, self._phase_points, self._point_names = None, {}, {}
+        self._phase = Phase.remeasure
+        self._start_remeasure()
+
     def _start_remeasure(self) -> None:
         """Queue the first re-measurements, round by round (every ``_r1``, then every
         ``_r2``, so slow drift hits all alike): ``num_repeats`` each for the top
@@ -864,6 +950,9 @@ class Tuner:
         Two or three repeats tell apart configurations a noise-width apart, not ones a few
         percent apart on a machine whose runs vary by 10%: those race on, up to
         :data:`MAX_RACE_ROUNDS` more measurements each, while the ones clearly behind drop out.
+        A rival so close that even those rounds could not tell it from the leader
+        (:func:`race_can_settle`) is a tie at this machine's noise and does not race: the
+        summary says the top are within noise of each other.
         A configuration left with fewer undisturbed measurements than its repeats were meant
         to give is measured again too, up to the same bound, so that it ranks on the machine
         it will train on, not on a busy minute.
@@ -886,11 +975,22 @@ class Tuner:
         noise = relative_noise(top)
         if noise is not None and len(top) >= 2:
             leader, *others = top
+            # A rival races while it may still beat the leader and the rounds left could
+            # tell: on a noisy machine, close ones stay tied however long they race.
+            most = 1 + self._num_repeats + MAX_RACE_ROUNDS
             rivals = [
                 r
                 for r in others
                 if could_be_better(
                     leader, r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
+                )
+                and race_can_settle(
+                    leader,
+                    r,
+                    noise,
+                    confidence_z=RACE_CONFIDENCE_Z,
+                    tolerance=RACE_TOLERANCE,
+                    max_measurements=most,
                 )
             ]
             racing = open_rounds([leader, *rivals])

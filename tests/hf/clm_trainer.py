@@ -92,5 +92,6 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(0)
 
+
 if __name__ == "__main__":
     main()

@@ -41,7 +41,10 @@ class Landscape:
         budget_bytes: the per-rank device memory; above it a run is ``oom``.
         noise: relative standard deviation of measured step times.
         seed: seeds the noise; the same name and seed always measure the same.
-        duration_s: what each experiment reports as its wall time.
+        duration_s: what each experiment reports as its wall time (its start-up, with
+            ``seconds_per_sample``).
+        seconds_per_sample: training time per sample of the micro-batch, which each
+            experiment reports as its warm-up and window and adds to its wall time.
     """
 
     budget_bytes: int = 1_500_000_000
@@ -49,6 +52,7 @@ class Landscape:
     seed: int = 0
     duration_s: float = 10.0
     world_size: int = 2
+    seconds_per_sample: float = 0.0
 
     def step_time_s(self, ds_config: Mapping[str, Any]) -> float:
         """Noise-free seconds per optimizer step."""
@@ -97,7 +101,12 @@ class Landscape:
 
     def run(self, candidate: Candidate) -> ExperimentResult:
         """What a runner would return for ``candidate``."""
-        timings = Timings(total_s=self.duration_s)
+        mbs = load_config(candidate.ds_config, self.world_size).train_micro_batch_size_per_gpu
+        assert isinstance(mbs, int)
+        training_s = self.seconds_per_sample * mbs
+        timings = Timings(
+            warmup_s=training_s / 2, window_s=training_s / 2, total_s=self.duration_s + training_s
+        )
         peak = self.peak_bytes(candidate.ds_config)
         if peak > self.budget_bytes:
             return ExperimentResult(
@@ -135,9 +144,10 @@ def drive(
     asked: list[Candidate] = []
     while (candidate := tuner.ask()) is not None:
         asked.append(candidate)
+        result = landscape.run(candidate)
         if clock is not None:
-            clock.advance(landscape.duration_s)
-        tuner.tell(landscape.run(candidate))
+            clock.advance(result.timings.total_s)
+        tuner.tell(result)
         assert len(asked) < limit
     return asked
 

@@ -40,13 +40,23 @@ def test_tuner_num_trials_caps_the_search(tuner_type: str) -> None:
     assert "tuner_num_trials" in tuner.summary().stop_reason
 
 
-def test_wall_clock_budget_stops_proposing(tuner_type: str) -> None:
+def test_the_time_budget_ends_the_run_on_time_with_its_best_measured_again(
+    tuner_type: str,
+) -> None:
+    """Every experiment takes 10 s and the budget is 55 s: the search runs while one more
+    experiment and a re-measurement of its best still fit (t = 0 to 30), the best is measured
+    again at 40, and at 50 nothing fits: the run ends at 50 s, not past the budget."""
     clock, landscape = FakeClock(), Landscape(duration_s=10.0)
     tuner = small_tuner(tuner_type, clock=clock, time_budget_s=55.0)
     asked = drive(tuner, landscape, clock=clock)
-    assert len(asked) == 6  # asked at t = 0, 10, ..., 50; at 60 the budget is spent
-    assert tuner.finished and "time budget" in tuner.summary().stop_reason
-    assert tuner.summary().tuning_time_s == 60.0
+    summary = tuner.summary()
+    assert [c.repeat_of is not None for c in asked] == [False] * 4 + [True]
+    searched = [landscape.run(c) for c in asked[:4]]
+    best = max((r for r in searched if r.ok), key=lambda r: r.metrics.throughput)
+    assert asked[-1].repeat_of == best.name
+    assert tuner.finished and summary.tuning_time_s == 50.0
+    assert summary.stop_reason.startswith("time budget of 55 s")
+    assert any(reason.startswith("not run: time budget") for reason in summary.pruned.values())
 
 
 def test_early_stopping_ends_a_phase_after_that_many_without_a_new_best(tuner_type: str) -> None:

@@ -59,11 +59,12 @@ def test_an_experiment_in_flight_when_interrupted_is_proposed_again(tuner_type: 
 def test_replayed_time_counts_toward_the_budget() -> None:
     landscape, clock = Landscape(duration_s=10.0), FakeClock()
     log = run_some(small_tuner("gridsearch"), landscape, 4)
-    resumed = small_tuner("gridsearch", clock=clock, time_budget_s=45.0)
+    resumed = small_tuner("gridsearch", clock=clock, time_budget_s=65.0)
     for result in log:
         resumed.tell(result)
     assert resumed.elapsed_s == 40.0
-    assert len(drive(resumed, landscape, clock=clock)) == 1
+    # 25 s left: one more search experiment, then a re-measurement of the best (10 s each).
+    assert [c.repeat_of is None for c in drive(resumed, landscape, clock=clock)] == [True, False]
 
 
 def test_the_optuna_study_lives_in_sqlite_and_a_resumed_run_continues_it(tmp_path: Path) -> None:
