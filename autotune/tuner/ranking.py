@@ -213,33 +213,30 @@ def relative_noise(ranked: Iterable[Ranked]) -> float | None:
 
 
 def race_can_settle(
-    leader: Ranked,
-    other: Ranked,
-    noise: float,
-    *,
-    confidence_z: float,
-    tolerance: float,
-    max_measurements: int,
+    leader: Ranked, other: Ranked, noise: float, *, tolerance: float, max_measurements: int
 ) -> bool:
-    """Whether measuring both up to ``max_measurements`` times each could settle which is
-    better (see :func:`could_be_better`): the gap's uncertainty would then be under
-    ``tolerance`` (a tie), or the gap seen so far would exceed ``confidence_z`` of it (a
-    drop-out). Otherwise the race is expected to end where it began, the two within the
-    machine's noise of each other, and its rounds would buy nothing but time.
+    """Whether racing ``other`` against ``leader`` up to ``max_measurements`` measurements
+    each can still tell them apart: False for a rival within ``tolerance`` of the leader on a
+    machine whose noise leaves the gap's uncertainty (see :func:`could_be_better`) above
+    ``tolerance`` even then. Such a pair is a tie at this machine's noise, which more rounds
+    would only confirm; a rival further off races on.
 
     Example:
         >>> lead, close = Ranked("a", 100, (95, 100, 105), 0), Ranked("b", 99, (94, 99, 104), 0)
-        >>> kwargs = dict(confidence_z=1.64, tolerance=0.02, max_measurements=7)
+        >>> behind = Ranked("c", 97, (92, 97, 102), 0)
+        >>> kwargs = dict(tolerance=0.02, max_measurements=7)
         >>> race_can_settle(lead, close, 0.05, **kwargs)  # 5% noise: tied after 7 runs each
         False
-        >>> race_can_settle(lead, close, 0.01, **kwargs)
+        >>> race_can_settle(lead, behind, 0.05, **kwargs)  # 3% apart: more rounds may tell
+        True
+        >>> race_can_settle(lead, close, 0.01, **kwargs)  # 1% noise: they can be told apart
         True
     """
     if leader.value <= 0 or other.value <= 0:
         return False
     gap = abs(math.log(leader.value) - math.log(other.value))
     spread = 1.25 * noise * math.sqrt(2 / max_measurements)
-    return spread <= tolerance or gap >= confidence_z * spread
+    return spread <= tolerance or gap >= tolerance
 
 
 def could_be_better(

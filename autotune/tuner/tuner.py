@@ -950,9 +950,9 @@ class Tuner:
         Two or three repeats tell apart configurations a noise-width apart, not ones a few
         percent apart on a machine whose runs vary by 10%: those race on, up to
         :data:`MAX_RACE_ROUNDS` more measurements each, while the ones clearly behind drop out.
-        A rival so close that even those rounds could not tell it from the leader
-        (:func:`race_can_settle`) is a tie at this machine's noise and does not race: the
-        summary says the top are within noise of each other.
+        A rival within :data:`RACE_TOLERANCE` of the leader that even those rounds could not
+        tell from it (:func:`race_can_settle`) is a tie at this machine's noise and does not
+        race: the summary says the top are within noise of each other.
         A configuration left with fewer undisturbed measurements than its repeats were meant
         to give is measured again too, up to the same bound, so that it ranks on the machine
         it will train on, not on a busy minute.
@@ -976,7 +976,7 @@ class Tuner:
         if noise is not None and len(top) >= 2:
             leader, *others = top
             # A rival races while it may still beat the leader and the rounds left could
-            # tell: on a noisy machine, close ones stay tied however long they race.
+            # tell: on a noisy machine, ones within the tolerance stay tied however long.
             most = 1 + self._num_repeats + MAX_RACE_ROUNDS
             rivals = [
                 r
@@ -985,12 +985,7 @@ class Tuner:
                     leader, r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
                 )
                 and race_can_settle(
-                    leader,
-                    r,
-                    noise,
-                    confidence_z=RACE_CONFIDENCE_Z,
-                    tolerance=RACE_TOLERANCE,
-                    max_measurements=most,
+                    leader, r, noise, tolerance=RACE_TOLERANCE, max_measurements=most
                 )
             ]
             racing = open_rounds([leader, *rivals])
