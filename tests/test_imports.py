@@ -1,4 +1,4 @@
-"""The pure parts import without torch, Ray or the engine (DESIGN.md's layering)."""
+"""The pure parts import without torch, Ray or the engine (the README's layout: the layers)."""
 
 from __future__ import annotations
 

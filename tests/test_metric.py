@@ -13,7 +13,9 @@ from autotune.metric import Metric
 @pytest.mark.parametrize("metric", list(Metric))
 def test_every_metric_has_a_unit_a_label_and_a_direction(metric: Metric) -> None:
     assert metric.unit and metric.label == f"{metric.value} ({metric.unit})"
-    assert isinstance(metric.lower_is_better, bool)
+    # Its direction decides which of two measurements is the better one.
+    better, worse = (1.0, 2.0) if metric.lower_is_better else (2.0, 1.0)
+    assert metric.score(better) > metric.score(worse) and metric.best([worse, better]) == better
     measured = Metrics.from_window([0.5, 0.5], 8, 2e9, peak_memory_bytes=0)
     value = metric.of(measured)
     assert value == getattr(measured, metric.value) == metric.of(measured.to_dict())

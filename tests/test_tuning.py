@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.tuning import ConcurrentRunner, tune
+from autotune.tuning import tune
 from tests.fake_cluster import FakeCluster
 from tests.runner.sim_cluster import tuning_job
 
@@ -16,10 +16,6 @@ from tests.runner.sim_cluster import tuning_job
 def logged_names(results_dir: Path) -> list[str]:
     lines = (results_dir / "experiments.jsonl").read_text().splitlines()
     return [json.loads(line)["name"] for line in lines]
-
-
-def test_the_fake_is_a_concurrent_runner() -> None:
-    assert isinstance(FakeCluster(), ConcurrentRunner)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 Sections the engine and tuner act on are typed field by field and reject unknown keys.
 The other documented sections are kept as plain dicts so a config round-trips unchanged.
-Defaults follow DeepSpeed's documentation (../shared/reference/004).
+Defaults follow DeepSpeed's config documentation (its ``config-json`` page).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """model_based on a landscape shaped like real measurements: near the grid's best, in two
 fifths of the grid's experiments (median over 10 seeds).
 
-Two fifths, not a quarter as before: finding each variant's largest micro-batch exactly costs
-about two experiments more per variant than stopping at the estimate did, and model_based now
-spends 8 experiments on the knobs of the variant its prior favours before searching the
-others (which halves the experiments to a near-best configuration on the measured
-gpt_vocab landscape, see the README); here every variant is within a few per cent of the
-others and the favourite is not the best, so those 8 buy nothing. The race among the
+Why two fifths: finding each variant's largest micro-batch exactly costs about two
+experiments per variant beyond the memory estimate, and model_based spends 8 experiments on
+the knobs of the variant its prior favours before searching the others (which halves the
+experiments to a near-best configuration on the measured gpt_vocab landscape, see the
+README); here every variant is within a few per cent of the others and the favourite is not
+the best, so those 8 buy nothing. The race among the
 re-measured comes on top: its length follows the noise (3% here), not the search."""
 
 from __future__ import annotations
