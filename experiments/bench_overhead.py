@@ -40,8 +40,8 @@ from autotune.config import AutotuningConfig
 from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD, DEFAULT_WORLD_SIZE
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner import combine_outcomes, free_port, run_rank
-from autotune.runner.local import utc_now
-from autotune.runner.rank import RankOutcome
+from autotune.runner.outcome import RankOutcome
+from autotune.runner.process import utc_now
 from autotune.script import ScriptTarget
 
 ROOT = Path(__file__).resolve().parents[1]

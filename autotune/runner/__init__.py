@@ -6,9 +6,10 @@ ExperimentResult and never raise for a failed experiment.
 
 from typing import Any
 
-from autotune.runner.local import LocalRunner, free_port, run_local
-from autotune.runner.outcome import combine_outcomes, experiment_verdict
-from autotune.runner.rank import RankOutcome, run_rank
+from autotune.runner.local import LocalRunner, run_local
+from autotune.runner.outcome import RankOutcome, combine_outcomes, experiment_verdict
+from autotune.runner.process import free_port
+from autotune.runner.rank import run_rank
 
 
 def __getattr__(name: str) -> Any:

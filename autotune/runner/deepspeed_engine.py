@@ -29,7 +29,7 @@ from typing import Any
 
 from autotune.engine.hooks import EngineObserver
 from autotune.engines import installed_deepspeed
-from autotune.runner.rank import entries_set, proc_status
+from autotune.runner.process import entries_set, proc_status
 
 
 def load(world_size: int) -> Any:

@@ -12,31 +12,16 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import socket
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 
 from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
-from autotune.runner.outcome import experiment_verdict
-from autotune.runner.rank import RankOutcome, entries_set
+from autotune.runner.outcome import FAILURE_GRACE_S, RankOutcome, experiment_verdict
+from autotune.runner.process import entries_set, free_port, utc_now
 
-# After the first rank fails, how long the others get to report before they are killed.
-FAILURE_GRACE_S = 10.0
 # How a process killed by SIGKILL ends: -9 from multiprocessing, 128 + 9 through a shell.
 _SIGKILL_EXIT_CODES = (-signal.SIGKILL.value, 128 + signal.SIGKILL.value)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 class LocalRunner:

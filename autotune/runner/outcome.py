@@ -1,14 +1,87 @@
-"""Turning every rank's report into one verdict for the experiment."""
+"""What ranks report and how every rank's report becomes one verdict for the experiment."""
 
 from __future__ import annotations
 
+import os
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
 from autotune.profiling.interference import oversubscription
-from autotune.runner.rank import RankOutcome
+
+# After the first rank fails, how long the others get to report before they are killed.
+FAILURE_GRACE_S = 10.0
+TRACEBACK_LINES = 12
+
+
+@dataclass
+class RankOutcome:
+    """What one rank reports back to its runner (picklable, JSON-ready)."""
+
+    rank: int
+    status: Status
+    metrics: dict[str, Any] | None = None
+    error: str | None = None
+    error_detail: str | None = None
+    failed_at: float | None = None  # time.time() of the failure: the earliest is the cause
+    # True when this rank failed only because a peer went away (its collective lost the peer,
+    # or the runner killed it after a peer failed): a consequence, never the cause.
+    peer_failure: bool = False
+    startup_s: float = 0.0
+    warmup_s: float = 0.0
+    window_s: float = 0.0
+    node_id: str = field(default_factory=lambda: os.uname().nodename)
+    # Script mode: the optimizer steps the script took when it ended before the window did.
+    ended_after_steps: int | None = None
+    # What this rank saw of its node's CPUs over the window (profiling.interference.WindowCpu).
+    window_cpu: dict[str, Any] | None = None
+
+
+def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:
+    """The outcome of a rank that raised ``exc``: oom or error, with its traceback's tail."""
+    status = Status.oom if is_out_of_memory(exc) else Status.error
+    lines = traceback.format_exception(exc)
+    detail = "".join(lines).splitlines()[-TRACEBACK_LINES:]
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return RankOutcome(
+        rank=rank,
+        status=status,
+        error=f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+        error_detail="\n".join(detail),
+        failed_at=time.time(),
+        peer_failure=status is Status.error and is_lost_peer(exc),
+        ended_after_steps=getattr(exc, "ended_after_steps", None),
+    )
+
+
+# What gloo and NCCL say when the other end of a collective went away.
+_LOST_PEER_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "gloo/transport/tcp",
+    "broken pipe",
+    "remote process exited",
+    "nccl communicator was aborted",
+)
+
+
+def is_lost_peer(exc: BaseException) -> bool:
+    """A collective failed because a peer rank died or tore its process group down."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError | ConnectionError | OSError) and any(
+        marker in text for marker in _LOST_PEER_MARKERS
+    )
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A real CUDA OOM or the engine's budget OOM (both ``torch.OutOfMemoryError``)."""
+    import torch
+
+    oom_type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    return isinstance(exc, oom_type) or "out of memory" in str(exc).lower()[:200]
 
 
 def experiment_verdict(

@@ -13,58 +13,12 @@ import ctypes
 import gc
 import os
 import time
-import traceback
-from collections.abc import Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
-
-TRACEBACK_LINES = 12
-
-
-@dataclass
-class RankOutcome:
-    """What one rank reports back to its runner (picklable, JSON-ready)."""
-
-    rank: int
-    status: Status
-    metrics: dict[str, Any] | None = None
-    error: str | None = None
-    error_detail: str | None = None
-    failed_at: float | None = None  # time.time() of the failure: the earliest is the cause
-    # True when this rank failed only because a peer went away (its collective lost the peer,
-    # or the runner killed it after a peer failed): a consequence, never the cause.
-    peer_failure: bool = False
-    startup_s: float = 0.0
-    warmup_s: float = 0.0
-    window_s: float = 0.0
-    node_id: str = field(default_factory=lambda: os.uname().nodename)
-    # Script mode: the optimizer steps the script took when it ended before the window did.
-    ended_after_steps: int | None = None
-    # What this rank saw of its node's CPUs over the window (profiling.interference.WindowCpu).
-    window_cpu: dict[str, Any] | None = None
-
-
-_V = TypeVar("_V")
-
-
-@contextlib.contextmanager
-def entries_set(mapping: MutableMapping[str, _V], updates: Mapping[str, _V]) -> Iterator[None]:
-    """``mapping`` holds ``updates`` inside the block; each key's earlier value (or absence)
-    comes back after it. For ``os.environ`` and ``sys.modules`` in long-lived rank processes."""
-    saved = {key: mapping.get(key) for key in updates}
-    mapping.update(updates)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                mapping.pop(key, None)
-            else:
-                mapping[key] = value
+from autotune.runner.outcome import RankOutcome, failure_outcome
+from autotune.runner.process import torchrun_env
 
 
 def set_rank_threads(num_threads: int) -> None:
@@ -229,82 +183,6 @@ def _profiled_run(
         window_s=window_s,
         window_cpu=window_cpu.to_dict() if window_cpu is not None else None,
     )
-
-
-def torchrun_env(world_size: int, rank: int, init_method: str, device: Any) -> dict[str, str]:
-    """torchrun's variables for ``rank``; MASTER_* from a ``tcp://host:port`` rendezvous
-    (``env://`` keeps the ones already set). One node: the local rank is the rank, except on
-    a GPU that Ray gives each actor alone (then it is that GPU's index)."""
-    env = {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(device.index if device.type == "cuda" else rank),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "GROUP_RANK": "0",
-    }
-    url = urlsplit(init_method)
-    if url.scheme == "tcp" and url.hostname and url.port:
-        env.update(MASTER_ADDR=url.hostname, MASTER_PORT=str(url.port))
-    return env
-
-
-def proc_status() -> dict[str, int]:
-    """Numeric fields of /proc/self/status (VmRSS and VmHWM in KiB, Threads); empty off Linux."""
-    fields: dict[str, int] = {}
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                name, _, value = line.partition(":")
-                first = value.split()[:1]
-                if first and first[0].isdigit():
-                    fields[name] = int(first[0])
-    except OSError:
-        pass
-    return fields
-
-
-def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:
-    """The outcome of a rank that raised ``exc``: oom or error, with its traceback's tail."""
-    status = Status.oom if is_out_of_memory(exc) else Status.error
-    lines = traceback.format_exception(exc)
-    detail = "".join(lines).splitlines()[-TRACEBACK_LINES:]
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return RankOutcome(
-        rank=rank,
-        status=status,
-        error=f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
-        error_detail="\n".join(detail),
-        failed_at=time.time(),
-        peer_failure=status is Status.error and is_lost_peer(exc),
-        ended_after_steps=getattr(exc, "ended_after_steps", None),
-    )
-
-
-# What gloo and NCCL say when the other end of a collective went away.
-_LOST_PEER_MARKERS = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "gloo/transport/tcp",
-    "broken pipe",
-    "remote process exited",
-    "nccl communicator was aborted",
-)
-
-
-def is_lost_peer(exc: BaseException) -> bool:
-    """A collective failed because a peer rank died or tore its process group down."""
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError | ConnectionError | OSError) and any(
-        marker in text for marker in _LOST_PEER_MARKERS
-    )
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A real CUDA OOM or the engine's budget OOM (both ``torch.OutOfMemoryError``)."""
-    import torch
-
-    oom_type = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-    return isinstance(exc, oom_type) or "out of memory" in str(exc).lower()[:200]
 
 
 def _teardown(dist: Any) -> None:

@@ -54,15 +54,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from autotune.config import ConfigError
 from autotune.engines import FRESH_AFTER_FAILURE
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
-from autotune.runner.local import FAILURE_GRACE_S, free_port, utc_now
-from autotune.runner.outcome import experiment_verdict
-from autotune.runner.rank import (
+from autotune.runner.outcome import (
+    FAILURE_GRACE_S,
     RankOutcome,
-    entries_set,
+    experiment_verdict,
     failure_outcome,
-    proc_status,
-    run_rank,
 )
+from autotune.runner.process import entries_set, free_port, proc_status, utc_now
+from autotune.runner.rank import run_rank
 
 _WORKER_NICENESS = "RAY_worker_niceness"  # Ray's own spelling: its raylet reads this name
 

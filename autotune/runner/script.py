@@ -40,7 +40,8 @@ from autotune.experiment import CONFIG_NAME, ExperimentSpec, Metrics, Status
 from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
 from autotune.profiling.window import StepTimer
 from autotune.runner import deepspeed_engine
-from autotune.runner.rank import RankOutcome, torchrun_env
+from autotune.runner.outcome import RankOutcome
+from autotune.runner.process import torchrun_env
 from autotune.script import ScriptTarget
 
 

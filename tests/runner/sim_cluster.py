@@ -30,7 +30,7 @@ from typing import Any
 
 from autotune.config import load_config
 from autotune.experiment import ExperimentSpec, Metrics, Status
-from autotune.runner.rank import RankOutcome
+from autotune.runner.outcome import RankOutcome
 from tests.specs import job_spec
 
 ROOT = Path(__file__).resolve().parents[2]

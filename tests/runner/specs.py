@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
-from autotune.runner.rank import RankOutcome
+from autotune.runner.outcome import RankOutcome
 from tests.runner.faulty_workloads import TINY_GPT
 from tests.specs import job_spec
 

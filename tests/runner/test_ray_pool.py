@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
-from autotune.runner.rank import RankOutcome
+from autotune.runner.outcome import RankOutcome
 from autotune.runner.ray_runner import RayRunner
 from tests.runner.specs import stand_in, stand_in_rank
 

@@ -1,0 +1,72 @@
+"""What runners and ranks need of their process and host: environment entries set for a while,
+torchrun's variables, a free port, the time, the process's own status."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator, Mapping, MutableMapping
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+_V = TypeVar("_V")
+
+
+@contextlib.contextmanager
+def entries_set(mapping: MutableMapping[str, _V], updates: Mapping[str, _V]) -> Iterator[None]:
+    """``mapping`` holds ``updates`` inside the block; each key's earlier value (or absence)
+    comes back after it. For ``os.environ`` and ``sys.modules`` in long-lived rank processes."""
+    saved = {key: mapping.get(key) for key in updates}
+    mapping.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = value
+
+
+def torchrun_env(world_size: int, rank: int, init_method: str, device: Any) -> dict[str, str]:
+    """torchrun's variables for ``rank``; MASTER_* from a ``tcp://host:port`` rendezvous
+    (``env://`` keeps the ones already set). One node: the local rank is the rank, except on
+    a GPU that Ray gives each actor alone (then it is that GPU's index)."""
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(device.index if device.type == "cuda" else rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+    }
+    url = urlsplit(init_method)
+    if url.scheme == "tcp" and url.hostname and url.port:
+        env.update(MASTER_ADDR=url.hostname, MASTER_PORT=str(url.port))
+    return env
+
+
+def proc_status() -> dict[str, int]:
+    """Numeric fields of /proc/self/status (VmRSS and VmHWM in KiB, Threads); empty off Linux."""
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                first = value.split()[:1]
+                if first and first[0].isdigit():
+                    fields[name] = int(first[0])
+    except OSError:
+        pass
+    return fields
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
