@@ -27,9 +27,9 @@ from typing import Any
 
 from landscape import measure, ray_runner  # type: ignore[import-not-found]
 
+from autotune.bench.table import landscape_job, measured_configs
 from autotune.profiling.model_info import ModelInfo
 from autotune.runner.rank import STEADY_ALLOCATOR_ENV
-from autotune.runner.table import landscape_job, measured_configs
 from autotune.tuner import Ranked
 from autotune.tuner.ranking import relative_noise
 

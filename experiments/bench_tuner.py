@@ -2,7 +2,7 @@
 
 **Replay** (the default): every landscape under ``results/landscapes/`` (measured by
 ``experiments/landscape.py``: every configuration a tuner may ask for, repeated, interleaved)
-is replayed with each tuner over ``--seeds`` seeds; a :class:`~autotune.runner.table.TableRunner`
+is replayed with each tuner over ``--seeds`` seeds; a :class:`~autotune.bench.table.TableRunner`
 answers each experiment with the configuration's measured median times a draw from the
 table's own noise. Reported per landscape and tuner: experiments until one within 2% of the
 table's best ran (median and 90th percentile over seeds; a run that never got there counts as
@@ -36,11 +36,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.bench.table import WITHIN, Replay, measured_configs, replay
 from autotune.config import Metric, load_config
 from autotune.config.sizes import parse_size
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult
-from autotune.runner.table import WITHIN, Replay, measured_configs, replay
 from autotune.tuner import Candidate, Ranked, rank, repeat_name, split_repeat
 from autotune.tuner.ranking import relative_noise
 from autotune.tuning import Runner, TuningEvent, TuningJob, experiment_spec, tune

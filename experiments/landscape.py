@@ -1,6 +1,6 @@
 """Measure a tuning landscape: every configuration a tuner may ask for, repeated, interleaved.
 
-A tabular benchmark (see ``autotune.runner.table``): the tuners are then replayed against the
+A tabular benchmark (see ``autotune.bench.table``): the tuners are then replayed against the
 table thousands of times, deterministically and in seconds, instead of against a machine whose
 step times vary ±50% run to run.
 
@@ -48,17 +48,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.config import load_config
-from autotune.config.sizes import parse_size
-from autotune.experiment import ExperimentResult
-from autotune.profiling.model_info import ModelInfo
-from autotune.runner.table import (
+from autotune.bench.table import (
     LANDSCAPE_FORMAT,
     WITHIN,
     landscape_job,
     measured_configs,
     tuning_config,
 )
+from autotune.config import load_config
+from autotune.config.sizes import parse_size
+from autotune.experiment import ExperimentResult
+from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Phase, Ranked, Tuner, build_space
 from autotune.tuner.ranking import relative_noise
 from autotune.tuning import TuningJob, experiment_spec

@@ -10,8 +10,8 @@ from types import ModuleType
 
 import pytest
 
+from autotune.bench.table import tuning_config
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
-from autotune.runner.table import tuning_config
 from tests.experiment_scripts import load_script
 
 # ±5% a measurement; "near" sits on the 2% line, "far" well below it.

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.bench.table import WITHIN, MissingMeasurement, TableRunner, replay
 from autotune.experiment import Status
-from autotune.runner.table import WITHIN, MissingMeasurement, TableRunner, replay
 from tests.experiment_scripts import load_script
 from tests.specs import job_spec
 

@@ -19,14 +19,15 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from autotune.config import load_config
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
+from autotune.profiling.model_info import ModelInfo
+from autotune.tuner import Tuner
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked
-
-if TYPE_CHECKING:
-    from autotune.tuning import TuningJob
+from autotune.tuning import TuningJob, experiment_spec
 
 LANDSCAPE_FORMAT = 1
 # The benchmark's line: a tuner's choice counts when within 2% of the table's best.
@@ -226,9 +227,6 @@ class Replay:
 
 def landscape_job(table: Mapping[str, Any], **autotuning: Any) -> TuningJob:
     """The tuning job a landscape was measured for, ``autotuning`` keys overridden."""
-    from autotune.config import load_config
-    from autotune.tuning import TuningJob
-
     how = table["how"]
     spec = json.loads(json.dumps(how["config"]))
     spec["autotuning"].update(autotuning)
@@ -246,10 +244,6 @@ def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: A
 
     ``autotuning`` overrides keys of the table's ``autotuning`` section.
     """
-    from autotune.profiling.model_info import ModelInfo
-    from autotune.tuner import Tuner
-    from autotune.tuning import experiment_spec
-
     job = landscape_job(table, tuner_type=tuner_type, seed=seed, **autotuning)
     tuner = Tuner(
         job.config, ModelInfo(**table["model_info"]), device_memory_bytes=job.memory_budget
