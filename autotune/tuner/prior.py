@@ -18,7 +18,12 @@ not be exact.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+from autotune.config import Metric, TunerType
+from autotune.tuner.samplers import DEFER_BEHIND
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
@@ -60,3 +65,35 @@ def predicted_throughput(plan: VariantPlan, model_info: ModelInfo | None) -> flo
     update_flops = OPTIMIZER_FLOPS_PER_PARAM * model_info.num_params
     step = micro_batch * model_info.flops_per_sample + communication_flops + update_flops
     return micro_batch / step
+
+
+def variant_order(
+    plans: Iterable[VariantPlan],
+    tuner_type: TunerType | str,
+    seed: int,
+    model_info: ModelInfo | None = None,
+) -> list[VariantPlan]:
+    """The order in which variants get their largest micro-batch searched.
+
+    gridsearch: stage order. random: a seeded shuffle. model_based: the most promising first,
+    by :func:`autotune.tuner.prior.predicted_throughput`; once any variant's largest fit is
+    known the micro-batch and knob phases follow in every variant anyway, so the order decides
+    how soon a good configuration runs, not what is found.
+    """
+    plans = list(plans)
+    kind = TunerType(tuner_type)
+    if kind is TunerType.random:
+        random.Random(seed).shuffle(plans)
+    elif kind is TunerType.model_based:
+        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info))
+    return plans
+
+
+def largest_micro_batch_stands(largest: float, best: float, metric: Metric) -> bool:
+    """Whether a variant's largest fit, measuring ``largest``, stays its micro-batch though a
+    smaller one measured ``best`` (metric values, in the metric's own direction): the prior
+    that a larger micro-batch amortizes the step's fixed costs holds unless the smaller one
+    won by more than :data:`~autotune.tuner.samplers.DEFER_BEHIND`, this machine's noise."""
+    if metric.lower_is_better:
+        return largest * (1 - DEFER_BEHIND) <= best
+    return largest >= (1 - DEFER_BEHIND) * best

@@ -14,7 +14,7 @@ The flow (DeepSpeed's, with its bugs fixed), one phase after another:
    are pruned everywhere. A script that ends after as many steps whatever the micro-batch has
    a step limit of its own, which no config changes: the run ends saying so. Variants are
    searched one after another, in an order the tuner type decides (see
-   :func:`variant_order`).
+   :func:`~autotune.tuner.prior.variant_order`).
 2. ``micro_batch``: compare the largest fit and sizes about half apart below it
    (``num_tuning_micro_batch_sizes`` in all), per variant, with the chosen sampler.
    ``fast: true`` (and no knob lists) stops the search here.
@@ -61,11 +61,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError, Metric, TunerType
+from autotune.config import Config, ConfigError, TunerType
 from autotune.config.knobs import MICRO_BATCH_KEY, STAGE_KEY
 from autotune.experiment import ExperimentResult, Status, wall_time_s
 from autotune.tuner.budget import predicted_duration_s
 from autotune.tuner.naming import repeat_name, split_repeat
+from autotune.tuner.prior import largest_micro_batch_stands, variant_order
 from autotune.tuner.ranking import (
     Ranked,
     could_be_better,
@@ -76,7 +77,7 @@ from autotune.tuner.ranking import (
     score,
     within_noise,
 )
-from autotune.tuner.samplers import DEFER_BEHIND, Point, Sampler, Subspace, make_sampler
+from autotune.tuner.samplers import Point, Sampler, Subspace, make_sampler
 from autotune.tuner.space import (
     TuningSpace,
     Variant,
@@ -1237,7 +1238,9 @@ class Tuner:
             # The ZeRO model's prior: a larger micro-batch amortizes the step's fixed costs, so
             # the largest fit stands unless a smaller one beat it by more than the noise.
             at_largest = next((r for r in ranking if r.name == runs[largest].name), None)
-            if at_largest is not None and _close(at_largest.value, ranking[0].value, metric):
+            if at_largest is not None and largest_micro_batch_stands(
+                at_largest.value, ranking[0].value, metric
+            ):
                 return largest
         return best
 
@@ -1331,13 +1334,6 @@ def fails_alone(result: ExperimentResult) -> bool:
     return result.status in (Status.error, Status.timeout) and not result.ended_early
 
 
-def _close(value: float, best: float, metric: Metric) -> bool:
-    """``value`` within DEFER_BEHIND of ``best`` (a metric value, in its own direction)."""
-    if metric.lower_is_better:
-        return value * (1 - DEFER_BEHIND) <= best
-    return value >= (1 - DEFER_BEHIND) * best
-
-
 def _memory_guess(plan: VariantPlan, runs: Mapping[int, ExperimentResult]) -> int | None:
     """The largest micro-batch that fits by the peak memory measured so far, or None.
 
@@ -1361,27 +1357,3 @@ def _memory_guess(plan: VariantPlan, runs: Mapping[int, ExperimentResult]) -> in
     if slope <= 0:
         return None
     return size + int((plan.estimate.budget_bytes - peak) // slope)
-
-
-def variant_order(
-    plans: Iterable[VariantPlan],
-    tuner_type: TunerType | str,
-    seed: int,
-    model_info: ModelInfo | None = None,
-) -> list[VariantPlan]:
-    """The order in which variants get their largest micro-batch searched.
-
-    gridsearch: stage order. random: a seeded shuffle. model_based: the most promising first,
-    by :func:`autotune.tuner.prior.predicted_throughput`; once any variant's largest fit is
-    known the micro-batch and knob phases follow in every variant anyway, so the order decides
-    how soon a good configuration runs, not what is found.
-    """
-    plans = list(plans)
-    kind = TunerType(tuner_type)
-    if kind is TunerType.random:
-        random.Random(seed).shuffle(plans)
-    elif kind is TunerType.model_based:
-        from autotune.tuner.prior import predicted_throughput
-
-        plans.sort(key=lambda plan: -predicted_throughput(plan, model_info))
-    return plans

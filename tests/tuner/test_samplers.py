@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.config import load_config
 from autotune.tuner import OptunaSampler, Point, RandomSampler, Subspace, Tuner, build_space
-from autotune.tuner.tuner import variant_order
+from autotune.tuner.prior import variant_order
 from tests.tuner.landscape import MODEL
 
 SPACE = [
