@@ -45,7 +45,7 @@ SERVED_MODULES = (
 )
 
 _NAMES = {
-    "initialize": "autotune.engine.engine",
+    "initialize": "autotune.engine.entry",
     "DeepSpeedEngine": "autotune.deepspeed.runtime.engine",
     "add_config_arguments": "autotune.engine.launch",
     "init_distributed": "autotune.engine.launch",

@@ -19,7 +19,8 @@ Example (a lone process trains on its own; under torchrun the ranks share the wo
 
 from autotune.engine import memory
 from autotune.engine.comm import CollectiveLog, Communicator
-from autotune.engine.engine import ZeroEngine, initialize
+from autotune.engine.engine import ZeroEngine
+from autotune.engine.entry import initialize
 from autotune.engine.launch import add_config_arguments, init_distributed
 from autotune.engine.loss_scaler import DynamicLossScaler, LossScaler, build_loss_scaler
 from autotune.engine.optimizers import Lamb, build_optimizer
