@@ -131,6 +131,13 @@ def run(
     start_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
     end_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
     timeout: Annotated[float | None, typer.Option(min=1, help="Seconds per experiment.")] = None,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds for the whole run, from now: nothing starts that would end past "
+            "it, and the best is measured again within it.",
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Discard earlier results.")] = False,
     ray_address: Annotated[
         str | None, typer.Option(envvar="RAY_ADDRESS", help="An existing Ray cluster.")
@@ -197,6 +204,7 @@ def run(
             "start_profile_step": start_profile_step,
             "end_profile_step": end_profile_step,
             "timeout_s": timeout,
+            "time_budget_s": time_budget,
             "seed": seed,
             "results_dir": str(results_dir) if results_dir else None,
         }

@@ -142,6 +142,7 @@ def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
         (["--workload", "nonsense"], "nonsense"),
         (["--device-memory", "lots"], "--device-memory"),
         (["--workload-arg", "novalue"], "expected key=value"),
+        (["--time-budget", "0"], "autotuning.time_budget_s: input should be greater than 0"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -209,3 +210,11 @@ def test_flags_override_the_config(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads((results / "summary.json").read_text())
     assert summary["metric"] == "latency" and summary["num_run"] == 2
+
+
+def test_a_time_budget_already_spent_runs_nothing_and_says_why(tmp_path: Path) -> None:
+    config, results = write_config(tmp_path), tmp_path / "results"
+    result = runner.invoke(app, run_args(config, results, "--time-budget", "0.001"))
+    assert result.exit_code == 1, result.output
+    assert "time budget of 0.001 s spent" in result.output
+    assert json.loads((results / "summary.json").read_text())["num_run"] == 0
