@@ -28,8 +28,9 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autotune.config import AutotuningConfig
-from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
+from bench_specs import timed_spec  # type: ignore[import-not-found]
+
+from autotune.defaults import DEFAULT_WORKLOAD
 from autotune.engines import installed_deepspeed
 from autotune.experiment import ExperimentSpec
 from autotune.runner import LocalRunner
@@ -49,17 +50,12 @@ def grid_spec(
         "zero_optimization": {"stage": stage},
         "steps_per_print": 10**6,
     }
-    return ExperimentSpec(
-        name=f"{engine}_z{stage}_mbs{micro}_r{round_index}",
-        ds_config=config,
+    return timed_spec(
+        f"{engine}_z{stage}_mbs{micro}_r{round_index}",
+        config,
+        args,
         workload=DEFAULT_WORKLOAD,
         workload_args={},
-        world_size=args.world_size,
-        start_profile_step=args.start_profile_step,
-        end_profile_step=args.end_profile_step,
-        timeout_s=AutotuningConfig().timeout_s,
-        seed=0,
-        cpus_per_rank=DEFAULT_CPUS_PER_RANK,
         engine=engine,
     )
 

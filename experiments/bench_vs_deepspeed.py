@@ -44,7 +44,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autotune.config import AutotuningConfig
+from bench_specs import timed_spec  # type: ignore[import-not-found]
+
 from autotune.defaults import DEFAULT_CPUS_PER_RANK
 from autotune.engines import installed_deepspeed
 from autotune.experiment import ExperimentSpec
@@ -135,17 +136,12 @@ def measure_spec(
         script_args(Path("ds_config.json"), args),
         {"train_micro_batch_size_per_gpu": MICRO_BATCH_FLAG},
     )
-    return ExperimentSpec(
-        name=f"{tool}_winner_r{round_index}",
-        ds_config=dict(optimal),
+    return timed_spec(
+        f"{tool}_winner_r{round_index}",
+        optimal,
+        args,
         workload=None,
         workload_args={},
-        world_size=args.world_size,
-        start_profile_step=args.start_profile_step,
-        end_profile_step=args.end_profile_step,
-        timeout_s=AutotuningConfig().timeout_s,
-        seed=0,
-        cpus_per_rank=DEFAULT_CPUS_PER_RANK,
         script=target,
         client_config=dict(optimal),
         engine="deepspeed",

@@ -276,7 +276,7 @@ class Tuner:
         """
         budget = self._tuning.time_budget_s
         if budget is not None and self.elapsed_s >= budget and self._phase is not Phase.done:
-            self._finish(f"time budget of {budget:g} s spent")
+            self._finish(f"{self._time_budget_reason()} spent")
         if self._phase is not Phase.done and (error := self._same_failure()) is not None:
             self._finish(
                 f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
