@@ -3,16 +3,12 @@
 Importable without torch.distributed or Ray.
 """
 
-from autotune.config.errors import ConfigError
+from autotune.config.errors import ConfigError, ConfigWarning
+from autotune.config.json_file import read_json
 from autotune.config.knobs import KNOBS, SEARCHABLE_KEYS, Knob
-from autotune.config.loader import (
-    Config,
-    ConfigWarning,
-    load_config,
-    read_json,
-    resolve_batch_triad,
-)
+from autotune.config.loader import Config, load_config
 from autotune.config.overrides import overlay, set_key
+from autotune.config.rules import resolve_batch_triad
 from autotune.config.schema import (
     AMPConfig,
     AutotuningConfig,

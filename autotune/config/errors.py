@@ -1,6 +1,9 @@
-"""The one error type users see for bad configuration."""
+"""How the config layer reports problems: the one error type users see for bad configuration,
+and the warning for keys that are kept but not used."""
 
 from __future__ import annotations
+
+import warnings
 
 
 class ConfigError(ValueError):
@@ -21,3 +24,18 @@ class ConfigError(ValueError):
     def with_source(self, source: str) -> ConfigError:
         """The same error, attributed to a file."""
         return ConfigError(self.key_path, self.rule, source)
+
+
+class ConfigWarning(UserWarning):
+    """A config key that is kept but not used: an unknown top-level key, or a search list at a
+    key the engine ignores."""
+
+
+_warned: set[str] = set()  # keys already warned about in this process
+
+
+def warn_once(key: str, message: str) -> None:
+    """Warn about ``key`` once per process (configs are loaded again for every candidate)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, ConfigWarning, stacklevel=5)  # the caller of load_config

@@ -1,4 +1,5 @@
-"""Dotted config keys (``zero_optimization.stage``): the one walk along them.
+"""Dotted config keys (``zero_optimization.stage``): the one walk along them, and looking keys
+up in the schema (the field a key sets, the keys a section accepts, a key's spellings).
 
 The same path is followed through raw JSON dicts, validated config objects and the schema's
 model classes; only the step from a node to its child differs, so it is passed in.
@@ -6,8 +7,16 @@ model classes; only the step from a node to its child differs, so it is passed i
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Final
+
+from pydantic import AliasChoices, BaseModel
+from pydantic.fields import FieldInfo
+
+from autotune.config.schema import DeepSpeedConfig
 
 
 class _Missing:
@@ -92,9 +101,76 @@ def parent_of(tree: dict[str, Any], dotted: str, create: bool = False) -> tuple[
     return (parent if isinstance(parent, dict) else None), key
 
 
+def join_key(prefix: str, key: str) -> str:
+    """``key`` below dotted ``prefix`` (``""`` is the top level)."""
+    return f"{prefix}.{key}" if prefix else key
+
+
 def nested(dotted: str, value: Any) -> dict[str, Any]:
     """``{"a": {"b": value}}`` for ``"a.b"``."""
     tree: dict[str, Any] = {}
     parent, key = parent_of(tree, dotted, create=True)
     parent[key] = value
     return tree
+
+
+# --- looking keys up in the schema -------------------------------------------------------------
+
+
+def model_field(model: type[BaseModel], key: str) -> FieldInfo | None:
+    """The field of ``model`` that ``key`` (its name or an alias) sets."""
+    for name, field in model.model_fields.items():
+        aliases = field.validation_alias
+        if key == name or (isinstance(aliases, AliasChoices) and key in aliases.choices):
+            return field
+    return None
+
+
+def submodel(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel inside ``X``, ``X | None`` or ``Annotated[X, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            found = submodel(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _section_model(model: Any, key: str) -> Any:
+    """The model of section ``key`` below ``model`` (a step of :func:`walk`)."""
+    field = model_field(model, key)
+    found = submodel(field.annotation) if field is not None else None
+    return MISSING if found is None else found
+
+
+@functools.cache  # the schema never changes, and every load asks for the top-level keys
+def known_keys(model: type[BaseModel], path: str = "") -> tuple[str, ...]:
+    """Field names and aliases accepted at dotted ``path`` below ``model``."""
+    section = walk(model, path, _section_model)
+    if section is MISSING:
+        return ()
+    names: list[str] = []
+    for name, field in section.model_fields.items():
+        names.append(name)
+        if isinstance(field.validation_alias, AliasChoices):
+            names.extend(str(a) for a in field.validation_alias.choices)
+    return tuple(names)
+
+
+@functools.cache  # every load asks for every searchable key
+def spellings(dotted: str, model: type[BaseModel] = DeepSpeedConfig) -> tuple[str, ...]:
+    """All spellings of the last key of ``dotted`` (its name first).
+
+    Example:
+        >>> spellings("zero_optimization.stage3_max_live_parameters")
+        ('stage3_max_live_parameters', 'max_live_parameters')
+    """
+    path, _, last = dotted.rpartition(".")
+    section = walk(model, path, _section_model)
+    field = model_field(section, last) if section is not MISSING else None
+    if field is not None and isinstance(field.validation_alias, AliasChoices):
+        return tuple(str(a) for a in field.validation_alias.choices)
+    return (last,)

@@ -1,5 +1,5 @@
 """Changing a config as the user wrote it: set a dotted key, lay one config over another,
-put search lists back, apply a candidate's values.
+apply a candidate's values.
 
 These work on raw dicts (DeepSpeed's JSON shape), before validation; the loader validates what
 they make.
@@ -11,8 +11,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.config.keys import parent_of
-from autotune.config.schema import AUTO, TRIAD, spellings
+from autotune.config.keys import parent_of, spellings
+from autotune.config.schema import AUTO, TRIAD
 
 
 def set_key(spec: dict[str, Any], dotted: str, value: Any) -> None:
@@ -27,15 +27,6 @@ def set_key(spec: dict[str, Any], dotted: str, value: Any) -> None:
     for alias in spellings(dotted):
         parent.pop(alias, None)
     parent[key] = value
-
-
-def with_search_lists(
-    data: dict[str, Any], search_space: Mapping[str, tuple[Any, ...]]
-) -> dict[str, Any]:
-    """``data`` with each searched key holding its list of values again, as the user wrote."""
-    for key, values in search_space.items():
-        set_key(data, key, list(values))
-    return data
 
 
 def overridden(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from autotune.config import KNOBS, ConfigError, ConfigWarning, Knob, load_config, loader, set_key
+from autotune.config import KNOBS, ConfigError, ConfigWarning, Knob, errors, load_config, set_key
 from autotune.config.knobs import OFFLOAD_KEY, name_position
 from autotune.tuner.naming import split_repeat
 
@@ -64,7 +64,7 @@ def test_a_row_cannot_tune_by_default_where_the_engine_does_not_read_it() -> Non
 def test_a_list_at_a_key_the_engine_ignores_is_warned_about_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(loader, "_warned", set())
+    monkeypatch.setattr(errors, "_warned", set())
     raw = {"zero_optimization": {"round_robin_gradients": [True, False]}}
     with pytest.warns(ConfigWarning, match=r"round_robin_gradients has no effect.*True, is used"):
         config = load_config(raw)

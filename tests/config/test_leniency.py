@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from autotune.config import ConfigError, ConfigWarning, load_config, loader
+from autotune.config import ConfigError, ConfigWarning, errors, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 # Tests that check a warning record it themselves; elsewhere the foreign keys' warnings are noise.
@@ -76,7 +76,7 @@ MEGATRON_LIKE: dict[str, Any] = {
 
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "_warned", set())
+    monkeypatch.setattr(errors, "_warned", set())
 
 
 def _load_warned(config: dict[str, Any]) -> tuple[Any, list[str]]:

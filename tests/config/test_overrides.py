@@ -19,9 +19,17 @@ from autotune.config import (
     load_config,
     set_key,
 )
-from autotune.config.keys import MISSING, get_field, get_key, nested, parent_of, walk
+from autotune.config.keys import (
+    MISSING,
+    get_field,
+    get_key,
+    known_keys,
+    nested,
+    parent_of,
+    spellings,
+    walk,
+)
 from autotune.config.overrides import overridden
-from autotune.config.schema import known_keys, spellings
 
 CONFIG_PACKAGE = Path(__file__).resolve().parents[2] / "autotune" / "config"
 
