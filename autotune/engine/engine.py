@@ -23,7 +23,6 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,31 +34,19 @@ from autotune.config import Config
 from autotune.engine import checkpoint, hooks
 from autotune.engine.backward_span import engine_backward
 from autotune.engine.comm import Communicator, local_cuda_device
-from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.loss_scaler import build_loss_scaler
 from autotune.engine.master import MasterParams, OptimizerFactory, ParamGroups
-from autotune.engine.memory import ActivationTracker, MemoryTracker, tensor_bytes
-from autotune.engine.partition import FlatLayout, group_by_numel, param_views, segment_rows
+from autotune.engine.memory import ActivationTracker, MemoryTracker
+from autotune.engine.partition import segment_rows
 from autotune.engine.schedulers import build_scheduler
 from autotune.engine.settings import ZeroSettings, check_supported, resolve_zero
-from autotune.engine.stage3 import Stage3Limits, Stage3Params, _UnitRef, plan_units
+from autotune.engine.stage3 import _UnitRef
+from autotune.engine.stages import account_untrained, build_stage, param_groups
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SCHEDULER_ORDER_WARNINGS = r"(Detected call of .lr_scheduler\.step|Seems like .optimizer\.step)"
 # Live engines, so that zero.GatheredParameters can find the one that holds a parameter.
 _ENGINES: weakref.WeakSet[ZeroEngine] = weakref.WeakSet()
-
-
-@dataclass
-class _StageParts:
-    """What building a ZeRO stage makes, for the engine to keep."""
-
-    params: list[nn.Parameter]  # trainable parameters in layout order
-    owned: list[torch.Tensor]  # the pieces this rank's optimizer updates, one per segment
-    layout: FlatLayout
-    grads: ReplicatedGrads | PartitionedGrads
-    flat_params: torch.Tensor | None = None  # stages 0-2: the one buffer holding every weight
-    stage3: Stage3Params | None = None
 
 
 class ZeroEngine(nn.Module):
@@ -90,7 +77,7 @@ class ZeroEngine(nn.Module):
         self.module = module
         self._broadcast_module()
 
-        trainable, group_options, group_of = _param_groups(module, model_parameters)
+        trainable, group_options, group_of = param_groups(module, model_parameters)
         self.zero: ZeroSettings = resolve_zero(
             config.zero_optimization, sum(p.numel() for p in trainable)
         )
@@ -100,10 +87,10 @@ class ZeroEngine(nn.Module):
         self.memory = MemoryTracker(self.device, budget)
         self.comm.tracker = self.memory  # its receive buffers count too
         self._activations = ActivationTracker(self.memory) if self.device.type == "cpu" else None
-        self._account_untrained(trainable)
+        account_untrained(module, trainable, self.memory)
 
-        built = (
-            self._build_flat(trainable) if self.zero.stage < 3 else self._build_stage3(trainable)
+        built = build_stage(
+            module, trainable, self.zero, self.comm, self.memory, self.dtype, self.device
         )
         self.params, self.layout, self.grads = built.params, built.layout, built.grads
         self.stage3, self._flat_params = built.stage3, built.flat_params
@@ -113,7 +100,7 @@ class ZeroEngine(nn.Module):
         self.master = MasterParams(
             built.owned,
             self.grads.owned_grads,
-            self._params_in_owned(),
+            built.params_in_owned,
             ParamGroups(group_options, tuple(group_of[id(p)] for p in self.params)),
             config.optimizer,
             self.memory,
@@ -142,101 +129,11 @@ class ZeroEngine(nn.Module):
         self._param_ids = frozenset(id(p) for p in self.params)
         _ENGINES.add(self)
 
-    # --- building the stage ---------------------------------------------------------------
-
-    def _build_flat(self, trainable: list[nn.Parameter]) -> _StageParts:
-        """Stages 0-2: all parameters in one flat buffer, one segment per reduce bucket."""
-        zero, n = self.zero, self.comm.world_size
-        # Backward produces gradients roughly in reverse order of registration; laying the
-        # buffer out that way lets the first buckets fill (and be sent) first.
-        params = list(reversed(trainable))
-        numels = [p.numel() for p in params]
-        layout = FlatLayout.build(
-            numels, group_by_numel(numels, zero.reduce_bucket_numel), n if zero.stage > 0 else 1
-        )
-        flat = torch.zeros(layout.numel, dtype=self.dtype, device=self.device)
-        self.memory.add("params", tensor_bytes(flat))
-        for param, view in zip(
-            params, param_views(flat, layout, [p.shape for p in params]), strict=True
-        ):
-            view.copy_(param.detach())
-            param.data = view
-        rows = [segment_rows(flat, s, layout.world_size) for s in layout.segments]
-        grads: ReplicatedGrads | PartitionedGrads
-        if zero.stage == 2:
-            segments = range(len(layout.segments))
-            grads = self._partitioned_grads(layout, [range(s, s + 1) for s in segments], segments)
-        else:
-            grads = ReplicatedGrads(
-                params,
-                layout,
-                self.comm,
-                self.memory,
-                overlap=zero.overlap_comm,
-                scatter=zero.stage == 1 and zero.reduce_scatter,
-                owned_rows=zero.stage == 1,
-            )
-        owned = [r.view(-1) for r in rows] if zero.stage == 0 else [r[self.comm.rank] for r in rows]
-        return _StageParts(params, owned, layout, grads, flat_params=flat)
-
-    def _build_stage3(self, trainable: list[nn.Parameter]) -> _StageParts:
-        """Stage 3: one segment per module's parameters, each rank keeping its chunks."""
-        zero = self.zero
-        units, persistent = plan_units(self.module, set(trainable), zero.persistence_threshold)
-        params = [p for unit in units for p in unit]
-        layout = FlatLayout.build(
-            [p.numel() for p in params], [len(u) for u in units], self.comm.world_size
-        )
-        limits = Stage3Limits(zero.prefetch_numel, zero.max_live_numel, zero.max_reuse_distance)
-        stage3 = Stage3Params(
-            self.module, units, persistent, layout, self.comm, self.memory, limits
-        )
-        sizes = group_by_numel([s.numel for s in layout.segments], zero.reduce_bucket_numel)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        buckets = [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-        grads = self._partitioned_grads(layout, buckets, reversed(range(len(buckets))))
-        shard = stage3.shard
-        owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in layout.segments]
-        return _StageParts(params, owned, layout, grads, stage3=stage3)
-
-    def _partitioned_grads(
-        self, layout: FlatLayout, buckets: Sequence[range], order: Iterable[int]
-    ) -> PartitionedGrads:
-        """Stages 2 and 3: gradient shards, ``buckets`` of segments reduced in ``order``."""
-        zero = self.zero
-        return PartitionedGrads(
-            layout,
-            self.comm,
-            self.memory,
-            self.dtype,
-            self.device,
-            buckets=buckets,
-            order=list(order),
-            scatter=zero.reduce_scatter,
-            contiguous=zero.contiguous_gradients,
-            overlap=zero.overlap_comm,
-        )
-
-    def _params_in_owned(self) -> list[list[tuple[int, int, int]]]:
-        """Per owned piece (whole segments at stage 0, this rank's chunks from stage 1 on),
-        the parameters in it."""
-        layout = self.layout
-        if self.zero.stage == 0:
-            return [layout.params_in(i, 0, s.numel) for i, s in enumerate(layout.segments)]
-        rank = self.comm.rank
-        return [
-            layout.params_in(i, rank * s.chunk, (rank + 1) * s.chunk)
-            for i, s in enumerate(layout.segments)
-        ]
+    # --- building -------------------------------------------------------------------------
 
     def _broadcast_module(self) -> None:
         """Every rank starts from rank 0's weights and buffers, as DeepSpeed does."""
         self.comm.broadcast_from_first([*self.module.parameters(), *self.module.buffers()])
-
-    def _account_untrained(self, trainable: list[nn.Parameter]) -> None:
-        ids = {id(p) for p in trainable}
-        frozen = [p for p in self.module.parameters() if id(p) not in ids]
-        self.memory.add("params", sum(tensor_bytes(t) for t in [*frozen, *self.module.buffers()]))
 
     def _grad_hook(self, index: int) -> Callable[[nn.Parameter], None]:
         # Weak: the hook is held by the parameter on the C++ side, where the garbage collector
@@ -680,44 +577,3 @@ def engines_owning(
         if own:
             found.append((engine, own))
     return found
-
-
-def _param_groups(
-    module: nn.Module, model_parameters: Iterable[Any] | None
-) -> tuple[list[nn.Parameter], tuple[dict[str, Any], ...], dict[int, int]]:
-    """The parameters to train (once each, in registration order), the options of each param
-    group (one without options when none are given), and each parameter's group by ``id``."""
-    if model_parameters is None:
-        items: list[Any] = [p for p in module.parameters() if p.requires_grad]
-    else:
-        items = list(model_parameters)
-    options: list[dict[str, Any]] = []
-    group_of: dict[int, int] = {}
-    loose: list[torch.Tensor] = []  # parameters given outside any group dict
-    for item in items:
-        if not isinstance(item, dict):
-            loose.append(item)
-            continue
-        if "params" not in item:
-            raise ValueError(f"param group {len(options)} of model_parameters has no 'params'")
-        params = item["params"]
-        members = [params] if isinstance(params, torch.Tensor) else list(params)
-        _claim(members, len(options), group_of)
-        options.append({k: v for k, v in item.items() if k != "params"})
-    if loose:
-        _claim(loose, len(options), group_of)
-        options.append({})
-    known = {id(p) for p in module.parameters()}
-    if any(key not in known for key in group_of):
-        raise ValueError("model_parameters holds a tensor that is not a parameter of the model")
-    trainable = [p for p in module.parameters() if id(p) in group_of]
-    if not trainable:
-        raise ValueError("the model has no trainable parameters")
-    return trainable, tuple(options), group_of
-
-
-def _claim(params: list[torch.Tensor], group: int, group_of: dict[int, int]) -> None:
-    for param in params:
-        if id(param) in group_of:
-            raise ValueError("a parameter appears in more than one param group")
-        group_of[id(param)] = group
