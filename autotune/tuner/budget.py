@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from autotune.experiment import Timings
+from autotune.experiment import ExperimentResult, Timings, wall_time_s
+from autotune.tuner.ledger import Ledger
+from autotune.tuner.naming import split_repeat
 
 
 def predicted_duration_s(
@@ -44,3 +46,90 @@ def predicted_duration_s(
         key=lambda run: (abs(math.log(run[0] / micro_batch)), -run[1].total_s),
     )
     return overhead_s + (nearest.warmup_s + nearest.window_s) * micro_batch / size
+
+
+def predicted_duration_of(ledger: Ledger, name: str) -> float | None:
+    """How long experiment ``name`` should take (see :func:`predicted_duration_s`): from its
+    configuration's own earlier measurements where it has some (a re-measurement), else from
+    every configuration's that ran ok."""
+    base = split_repeat(name)[0]
+    micro_batch = ledger.entries[base].micro_batch_size
+    finished = []
+    for result_name, result in ledger.results.items():
+        entry = ledger.entries.get(split_repeat(result_name)[0])
+        if result.ok and entry is not None:
+            own = split_repeat(result_name)[0] == base
+            finished.append((own, entry.micro_batch_size, result.timings))
+    return predicted_duration_s(
+        micro_batch,
+        [(size, timings) for _, size, timings in finished],
+        own=[timings for own, _, timings in finished if own],
+    )
+
+
+class TimeBudget:
+    """``time_budget_s`` against the clock: what the run has spent, and whether an experiment
+    fits in what is left.
+
+    Args:
+        ledger: what the tuner has seen (the finished experiments predict the next).
+        seconds: the budget; None: no limit.
+        clock: seconds, monotonic.
+        started: the ``clock`` reading the budget counts from (None: now).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        seconds: float | None,
+        clock: Callable[[], float],
+        started: float | None,
+    ) -> None:
+        self._ledger = ledger
+        self._seconds = seconds
+        self._clock = clock
+        self._started = clock() if started is None else started
+        self._first_asked: float | None = None  # when the first candidate went out
+        self._replayed: list[ExperimentResult] = []
+
+    @property
+    def elapsed_s(self) -> float:
+        """Tuning time: this process's, plus the wall time replayed results took (their
+        overlapping intervals counted once)."""
+        return self._clock() - self._started + wall_time_s(self._replayed)
+
+    @property
+    def spent(self) -> bool:
+        return self._seconds is not None and self.elapsed_s >= self._seconds
+
+    @property
+    def reason(self) -> str:
+        """What ends the run when the budget does: ``"time budget of 60 s"``."""
+        return f"time budget of {self._seconds:g} s"
+
+    def asked(self) -> None:
+        """A candidate went out: the first marks the end of the run's start-up."""
+        if self._first_asked is None:
+            self._first_asked = self._clock()
+
+    def replayed(self, result: ExperimentResult) -> None:
+        """A result from an earlier run: its wall time was spent too."""
+        self._replayed.append(result)
+
+    def fits(self, name: str, keep_for: str | None) -> bool:
+        """Whether ``name`` is expected to end within the budget with time left to end the
+        run, and for one re-measurement of ``keep_for`` (the best so far, while the search
+        goes on; None: nothing kept). True when nothing can be predicted yet."""
+        if self._seconds is None:
+            return True
+        needed = predicted_duration_of(self._ledger, name)
+        if needed is None:
+            return True
+        # The run's own start-up (its cluster, before the first experiment) is kept for its
+        # end, which stops what it started: an upper bound (a local Ray cluster here took
+        # 3.4 s to start and 1.4 s to shut down).
+        first_asked = self._clock() if self._first_asked is None else self._first_asked
+        needed += first_asked - self._started
+        if keep_for is not None:
+            needed += predicted_duration_of(self._ledger, keep_for) or 0.0
+        return self.elapsed_s + needed <= self._seconds

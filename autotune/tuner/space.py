@@ -26,6 +26,7 @@ Everything else in the user's config is kept in every candidate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -177,6 +178,15 @@ class TuningSpace:
 
     def name(self, overrides: Mapping[str, Any]) -> str:
         return candidate_name(overrides, self.base)
+
+    @property
+    def num_configurations(self) -> int:
+        """Configurations a search can run: every size of each variant's ladder, then its
+        knob points at one micro-batch."""
+        return sum(
+            len(plan.ladder) + (math.prod(len(v) for _, v in plan.knobs) if plan.knobs else 0)
+            for plan in self.plans
+        )
 
 
 def build_space(

@@ -1,4 +1,5 @@
-"""What a tuning run found, as plain data the results package writes out."""
+"""What a tuning run found, as plain data the results package writes out, and how the
+tuner's record of the run becomes it (:func:`summarize`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config import Metric
-from autotune.tuner.ranking import Ranked, within_noise
+from autotune.config import AutotuningConfig, Metric
+from autotune.experiment import ExperimentResult
+from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.naming import split_repeat
+from autotune.tuner.ranking import Ranked, declared_order, rank, within_noise
+from autotune.tuner.remeasure import short_windows
+from autotune.tuner.space import TuningSpace
 
 
 @dataclass(frozen=True)
@@ -142,3 +148,75 @@ class TuningSummary:
             "best_at_cap": self.best_at_cap,
             "short_windows": dict(self.short_windows),
         }
+
+
+def summarize(
+    ledger: Ledger,
+    space: TuningSpace,
+    tuning: AutotuningConfig,
+    *,
+    not_run: Mapping[str, str],
+    tuning_time_s: float,
+    stop_reason: str,
+) -> TuningSummary:
+    """The summary of what ``ledger`` holds, searched over ``space`` under ``tuning``;
+    ``not_run``: what was considered and not run, each with the reason."""
+    metric = tuning.metric
+    ranked = [r for r in rank(ledger.results.values(), metric) if r.name in ledger.entries]
+    ranking = declared_order(ranked)
+    best = ranking[0] if ranking else None
+    per_variant: dict[str, Ranked] = {}
+    for entry in ranking:
+        per_variant.setdefault(ledger.entries[entry.name].variant.label, entry)
+    failed = {name: _failure_line(r) for name, r in ledger.results.items() if not r.ok}
+    best_entry = ledger.entries[best.name] if best is not None else None
+    return TuningSummary(
+        metric=metric,
+        ranking=tuple(ranking),
+        best=best,
+        best_overrides=dict(best_entry.overrides) if best_entry else {},
+        best_per_variant=per_variant,
+        top_two_within_noise=(within_noise(ranking[0], ranking[1]) if len(ranking) > 1 else None),
+        num_run=len(ledger.results),
+        num_failed=len(failed),
+        pruned=not_run,
+        failed=failed,
+        tuning_time_s=tuning_time_s,
+        stop_reason=stop_reason,
+        num_disturbed=sum(
+            1 for r in ledger.results.values() if r.metrics is not None and r.metrics.disturbed
+        ),
+        search_bound=min(tuning.tuner_num_trials, space.num_configurations),
+        short_windows={
+            name: seconds
+            for name, seconds in short_windows(ledger).items()
+            if name in ledger.entries
+        },
+        window_steps=tuning.end_profile_step - tuning.start_profile_step + 1,
+        num_remeasured=sum(1 for n in ledger.results if split_repeat(n)[1] > 0),
+        best_at_cap=_at_cap(best_entry, space),
+    )
+
+
+def _at_cap(best: Entry | None, space: TuningSpace) -> str | None:
+    """Why no larger micro-batch than the best's was tried, where the best runs at the
+    largest its variant's sizes allow (and fitted): a larger one may be faster."""
+    plan = next((p for p in space.plans if best and p.variant == best.variant), None)
+    if best is None or plan is None or best.micro_batch_size != plan.ladder[-1]:
+        return None
+    where = (
+        "the largest listed in train_micro_batch_size_per_gpu"
+        if not plan.halving
+        else "the largest the batch limits allow (autotuning."
+        "max_train_micro_batch_size_per_gpu, max_train_batch_size)"
+    )
+    return (
+        f"the best runs at micro-batch {best.micro_batch_size}, {where}, and fitted: a "
+        "larger one may be faster"
+    )
+
+
+def _failure_line(result: ExperimentResult) -> str:
+    """``"oom: OutOfMemoryError: ..."``: the status, then the error unless it already says it."""
+    status, error = result.status.value, result.error or ""
+    return error if error.startswith(f"{status}:") else f"{status}: {error}" if error else status

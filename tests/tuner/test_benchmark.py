@@ -15,7 +15,7 @@ import statistics
 
 from autotune.config import load_config
 from autotune.tuner import Tuner
-from autotune.tuner.tuner import MAX_RACE_ROUNDS, MAX_REMEASURE_FACTOR
+from autotune.tuner.remeasure import MAX_RACE_ROUNDS, MAX_REMEASURE_FACTOR
 from tests.tuner.landscape import MODEL, Landscape, drive
 
 SEEDS = range(10)

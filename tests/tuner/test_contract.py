@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.tuner import Candidate, Phase, Tuner, split_repeat
-from autotune.tuner.tuner import MAX_RACE_ROUNDS
+from autotune.tuner.remeasure import MAX_RACE_ROUNDS
 from tests.tuner.landscape import FakeClock, Landscape, drive
 from tests.tuner.tuners import small_config, small_tuner
 

@@ -20,7 +20,7 @@ import pytest
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.tuner import Candidate, Tuner
-from autotune.tuner.tuner import MAX_RACE_ROUNDS
+from autotune.tuner.remeasure import MAX_RACE_ROUNDS
 from tests.tuner.landscape import MODEL
 
 STAGE_SPEED = {0: 100.0, 1: 120.0, 2: 110.0, 3: 90.0}  # samples/s at a large micro-batch

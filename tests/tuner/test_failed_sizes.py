@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner import Candidate, Tuner
-from autotune.tuner.tuner import MAX_FAILED_SIZES
+from autotune.tuner.probe import MAX_FAILED_SIZES
 from tests.tuner.landscape import MODEL, Landscape, drive, true_largest_fit
 
 FAULTS = {2: Status.error, 3: Status.timeout, 5: Status.error, 6: Status.error, 7: Status.oom}

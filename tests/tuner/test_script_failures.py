@@ -9,7 +9,7 @@ import pytest
 
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner import Candidate, Phase
-from autotune.tuner.tuner import SAME_FAILURE_LIMIT
+from autotune.tuner.bounds import SAME_FAILURE_LIMIT
 from tests.tuner.landscape import Landscape, drive, true_largest_fit
 from tests.tuner.tuners import fast_tuner
 

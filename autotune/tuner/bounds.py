@@ -1,0 +1,148 @@
+"""What failed experiments say of the rest of the space.
+
+An ``oom`` is a constraint: every larger micro-batch with the same stage and knobs is pruned
+unrun. A script that ran out of data (it ended early,
+:attr:`~autotune.experiment.ExperimentResult.ended_early`: its loader has fewer batches at
+that micro-batch than the profile window needs) bounds every variant alike: that micro-batch
+and every larger one are pruned everywhere. A script that ends after as many steps whatever
+the micro-batch has a step limit of its own, which no config changes; and experiments that
+all failed with the same error say the config does not matter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+from autotune.experiment import Status
+from autotune.tuner.ledger import Ledger
+from autotune.tuner.space import Variant
+
+# Experiments that all failed with the same error, and none ok, that end the run: a failure
+# that does not depend on the config would fail every remaining experiment too.
+SAME_FAILURE_LIMIT = 3
+
+
+class Bounds:
+    """The bounds failures set on the space, from the results in ``ledger``; :meth:`note`
+    each configuration once it has both an entry and a result."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        # Per variant and knobs, the run at the smallest micro-batch that ran out of memory.
+        self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
+        # Micro-batch → the first run at it whose script ran out of data, and the sizes that
+        # ran ok in any variant: together the bound on every variant (see data_ceiling).
+        self._out_of_data: dict[int, str] = {}
+        self._ok_sizes: set[int] = set()
+
+    def note(self, name: str) -> None:
+        """Learn from ``name``'s result, if the tuner knows both its configuration and it."""
+        entry, result = self._ledger.entries.get(name), self._ledger.results.get(name)
+        if entry is None or result is None:
+            return
+        if result.status is Status.oom:
+            key = (entry.variant, entry.knobs)
+            floor = self._oom_floor.get(key)
+            if floor is None or entry.micro_batch_size < self._size(floor):
+                self._oom_floor[key] = name
+        if result.ok:
+            self._ok_sizes.add(entry.micro_batch_size)
+        elif result.ended_early:
+            self._out_of_data.setdefault(entry.micro_batch_size, name)
+
+    def oom_pruner(self, name: str) -> str | None:
+        """The experiment that ran out of memory at a micro-batch no larger than ``name``'s."""
+        entry = self._ledger.entries.get(name)
+        if entry is None:
+            return None
+        floor = self._oom_floor.get((entry.variant, entry.knobs))
+        if floor is None or self._size(floor) > entry.micro_batch_size:
+            return None
+        return floor
+
+    def data_ceiling(self) -> str | None:
+        """The run at the smallest micro-batch where the script ran out of data, above every
+        size that ran ok (one that ran ok had data enough, whatever ended another run)."""
+        if self.step_limit() is not None:  # the script stops itself: no data bound shown
+            return None
+        largest_ok = max(self._ok_sizes, default=0)
+        sizes = [size for size in self._out_of_data if size > largest_ok]
+        return self._out_of_data[min(sizes)] if sizes else None
+
+    def data_ceiling_size(self) -> int | None:
+        ceiling = self.data_ceiling()
+        return None if ceiling is None else self._size(ceiling)
+
+    def data_pruner(self, name: str) -> str | None:
+        """The run that ran out of data at a micro-batch no larger than ``name``'s."""
+        entry, ceiling = self._ledger.entries.get(name), self.data_ceiling()
+        if entry is None or ceiling is None:
+            return None
+        return ceiling if entry.micro_batch_size >= self._size(ceiling) else None
+
+    def pruned(self) -> dict[str, str]:
+        """Why each configuration considered and not run that a bound prunes is pruned: the
+        data bound (once for all variants, then each configuration), then an ``oom`` below."""
+        return {**self._pruned_by_data(), **self._pruned_by_oom()}
+
+    def _pruned_by_oom(self) -> dict[str, str]:
+        return {
+            name: f"larger than {floor}, which ran out of memory"
+            for name in self._ledger.entries
+            if name not in self._ledger.results and (floor := self.oom_pruner(name)) is not None
+        }
+
+    def _pruned_by_data(self) -> dict[str, str]:
+        ceiling = self.data_ceiling()
+        if ceiling is None:
+            return {}
+        size = self._size(ceiling)
+        pruned = {
+            f"micro-batch >= {size}": (
+                f"the script ran out of data at micro-batch {size} ({ceiling}): its loader has "
+                "fewer batches than the profile window needs; pruned in every ZeRO variant"
+            )
+        }
+        pruned.update(
+            (name, f"micro-batch {size} or larger, where the script ran out of data ({ceiling})")
+            for name in self._ledger.entries
+            if name not in self._ledger.results and self.data_pruner(name) is not None
+        )
+        return pruned
+
+    def same_failure(self) -> str | None:
+        """The first error line, once the first :data:`SAME_FAILURE_LIMIT` experiments all
+        failed alike and none ran ok; None otherwise. Numbers aside: argparse echoes the
+        value it rejects. ``oom``, ``timeout`` and running out of data depend on the config:
+        any of them means the config matters, so the run goes on."""
+        results = [self._ledger.results[name] for name in self._ledger.order]
+        if len(results) < SAME_FAILURE_LIMIT:
+            return None
+        if any(r.status is not Status.error or r.ended_early for r in results):
+            return None
+        if len({re.sub(r"\d+", "N", r.error or "") for r in results}) != 1:
+            return None
+        return results[0].error or "(no message)"
+
+    def step_limit(self) -> int | None:
+        """The steps the script ends after at two micro-batches that running out of data
+        cannot explain, or None.
+
+        Data for ``s`` steps of ``m1`` but not ``s + 1`` holds fewer than ``(s + 1) * m1``
+        samples per rank, so at ``m2`` it gives ``s`` steps only if ``s * m2 < (s + 1) * m1``;
+        otherwise the script stops itself.
+        """
+        ended = sorted(
+            (r.ended_after_steps, self._size(n))
+            for n, r in self._ledger.results.items()
+            if r.ended_after_steps is not None and n in self._ledger.entries
+        )
+        for (steps, small), (same, large) in itertools.pairwise(ended):
+            if steps == same and large * steps >= small * (steps + 1):
+                return steps
+        return None
+
+    def _size(self, name: str) -> int:
+        return self._ledger.entries[name].micro_batch_size

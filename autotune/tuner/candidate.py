@@ -1,0 +1,51 @@
+"""What the tuner hands a driver: a :class:`Candidate` to run, proposed in a :class:`Phase`."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config.knobs import MICRO_BATCH_KEY, STAGE_KEY
+
+
+class Phase(str, enum.Enum):
+    """Where the tuner is; the phases are described in :mod:`autotune.tuner.tuner`."""
+
+    max_micro_batch = "max_micro_batch"
+    micro_batch = "micro_batch"
+    knobs = "knobs"
+    remeasure = "remeasure"
+    done = "done"
+
+
+# The order the phases run in.
+PHASES = list(Phase)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An experiment the tuner wants run.
+
+    Attributes:
+        name: unique and stable across runs; the experiment's folder name.
+        overrides: the dotted-key values applied to the user's config.
+        ds_config: the concrete config to run (batch triad resolved, ``autotuning`` removed).
+        phase: the phase that proposed it.
+        repeat_of: for a re-measurement, the name of the original.
+    """
+
+    name: str
+    overrides: Mapping[str, Any]
+    ds_config: Mapping[str, Any]
+    phase: Phase
+    repeat_of: str | None = None
+
+    @property
+    def stage(self) -> int:
+        return int(self.overrides[STAGE_KEY])
+
+    @property
+    def micro_batch_size(self) -> int:
+        return int(self.overrides[MICRO_BATCH_KEY])
