@@ -17,8 +17,8 @@ Example (a lone process trains on its own; under torchrun the ranks share the wo
     (1, 2)
 """
 
-from autotune.engine import memory
-from autotune.engine.comm import CollectiveLog, Communicator
+from autotune.engine import memory_tracker
+from autotune.engine.collectives import CollectiveLog, Communicator
 from autotune.engine.engine import ZeroEngine
 from autotune.engine.entry import initialize
 from autotune.engine.launch import add_config_arguments, init_distributed
@@ -53,6 +53,6 @@ __all__ = [
     "build_scheduler",
     "init_distributed",
     "initialize",
-    "memory",
+    "memory_tracker",
     "model_state_bytes",
 ]

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.engine.backward_span import in_backward
-from autotune.engine.memory import MemoryTracker, tensor_bytes
+from autotune.engine.memory_tracker import MemoryTracker, tensor_bytes
 
 # torch 2.13 renamed the flat-tensor collectives (the old names warn); torch 2.4 lacks the new.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -33,10 +33,10 @@ from torch import nn
 from autotune.config import Config
 from autotune.engine import checkpoint, hooks
 from autotune.engine.backward_span import engine_backward
-from autotune.engine.comm import Communicator, local_cuda_device
+from autotune.engine.collectives import Communicator, local_cuda_device
 from autotune.engine.loss_scaler import build_loss_scaler
 from autotune.engine.master import MasterParams, OptimizerFactory, ParamGroups
-from autotune.engine.memory import ActivationTracker, MemoryTracker
+from autotune.engine.memory_tracker import ActivationTracker, MemoryTracker
 from autotune.engine.partition import segment_rows
 from autotune.engine.schedulers import build_scheduler
 from autotune.engine.settings import ZeroSettings, check_supported, resolve_zero

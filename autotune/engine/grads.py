@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from autotune.engine.backward_span import in_backward
-from autotune.engine.comm import Communicator, Handle
-from autotune.engine.memory import MemoryTracker, tensor_bytes
+from autotune.engine.collectives import Communicator, Handle
+from autotune.engine.memory_tracker import MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, param_views, segment_rows, shard_piece
 
 

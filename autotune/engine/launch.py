@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import Config, ConfigError, read_json
-from autotune.engine.comm import local_cuda_device
+from autotune.engine.collectives import local_cuda_device
 
 ConfigSource = str | Path | dict[str, Any] | Config
 

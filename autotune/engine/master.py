@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from autotune.config import OptimizerConfig
-from autotune.engine.memory import MemoryTracker, tensor_bytes
+from autotune.engine.memory_tracker import MemoryTracker, tensor_bytes
 from autotune.engine.optimizers import Lamb, SumOverRanks, build_optimizer, needs_whole_tensors
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]

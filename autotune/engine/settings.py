@@ -15,7 +15,7 @@ averaged through the loss scale), and DeepSpeed's printouts ``wall_clock_breakdo
 ``memory_breakdown`` and ``dump_state`` (the profile window and the memory accounting
 report). ``allgather_bucket_size`` and ``allgather_partitions`` act at stages 1-2; stage 3
 gathers per module. On gloo every all-gather is a broadcast per rank (gloo's own all-gather is
-the slow one, see comm.py), so ``allgather_partitions`` changes nothing there.
+the slow one, see collectives.py), so ``allgather_partitions`` changes nothing there.
 ``reduce_scatter: false`` all-reduces each bucket (DeepSpeed's fallback). In ``bf16``:
 fp16's loss-scale keys (bf16 is never scaled), ``immediate_grad_update`` and
 ``check_grad_overflow``.

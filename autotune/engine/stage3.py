@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from autotune.engine.comm import Communicator, Handle
-from autotune.engine.memory import MemoryTracker, tensor_bytes
+from autotune.engine.collectives import Communicator, Handle
+from autotune.engine.memory_tracker import MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, shard_piece
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.engine.comm import Communicator
+from autotune.engine.collectives import Communicator
 from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
-from autotune.engine.memory import MemoryTracker, tensor_bytes
+from autotune.engine.memory_tracker import MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, group_by_numel, param_views, segment_rows
 from autotune.engine.settings import ZeroSettings
 from autotune.engine.stage3 import Stage3Limits, Stage3Params, plan_units

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autotune.engine import comm, launch
-from autotune.engine.memory import MemoryTracker
+from autotune.engine import collectives, launch
+from autotune.engine.memory_tracker import MemoryTracker
 from autotune.runner import rank
 from tests.engine import engine_cases as cases
 
@@ -77,7 +77,7 @@ def test_a_rank_takes_the_gpu_its_launcher_named(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.__setitem__(0, device))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    assert comm.local_cuda_device() == torch.device("cuda", gpu)
+    assert collectives.local_cuda_device() == torch.device("cuda", gpu)
 
 
 def test_a_finished_rank_collects_garbage_before_emptying_the_cuda_cache(
