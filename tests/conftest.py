@@ -13,7 +13,7 @@ def ray_cluster() -> Iterator[str]:
     """A 2-CPU embedded Ray for the whole session; yields its address. Runners created while
     it is up connect to it and leave it running."""
     ray = pytest.importorskip("ray")
-    from autotune.runner.ray_runner import connect_ray
+    from autotune.runner.ray_cluster import connect_ray
 
     # Started as a runner starts its own, so the tests see the ranks a user's run gets.
     connect_ray(None, num_cpus=2, quiet=True)

@@ -13,7 +13,7 @@ from autotune.runner.rank import run_rank
 
 
 def __getattr__(name: str) -> Any:
-    # Ray is heavy and imported in ray_runner only: load it when RayRunner is first asked for.
+    # Ray is heavy and imported in the ray_* modules only: load it when RayRunner is asked for.
     if name == "RayRunner":
         from autotune.runner.ray_runner import RayRunner
 

@@ -23,438 +23,47 @@ Failure isolation, mirroring :mod:`autotune.runner.local`:
 - More GPUs per experiment than the cluster has at all: a ``ConfigError`` before the first
   experiment, as no experiment of that world size could ever be placed.
 
-This is the only module that imports ray. Ray starts embedded unless an address is given
-(argument or ``RAY_ADDRESS``); the runner shuts down only a Ray it started itself. The rank
-actors hold every CPU they ask for, so any driver-side Ray task added here must use
-``num_cpus=0`` or it queues forever.
+The ``ray_*`` modules are the only ones that import ray: this one, the front;
+:mod:`autotune.runner.ray_gang`, the rank actors, their gangs and the pool that keeps them
+warm; :mod:`autotune.runner.ray_experiment`, one experiment in flight on a gang; and
+:mod:`autotune.runner.ray_cluster`, connecting to Ray. Ray starts embedded unless an address
+is given (argument or ``RAY_ADDRESS``); the runner shuts down only a Ray it started itself.
+The rank actors hold every CPU they ask for, so any driver-side Ray task added to these
+modules must use ``num_cpus=0`` or it queues forever.
 """
 
 from __future__ import annotations
 
-import gc
-import logging
 import os
-import re
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import ray
-from ray.util.placement_group import (
-    PlacementGroup,
-    placement_group,
-    placement_group_table,
-    remove_placement_group,
-)
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.config import ConfigError
-from autotune.engines import FRESH_AFTER_FAILURE
-from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
-from autotune.runner.outcome import (
-    FAILURE_GRACE_S,
-    RankOutcome,
-    experiment_verdict,
-    failure_outcome,
-)
-from autotune.runner.process import entries_set, free_port, proc_status, utc_now
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.runner.process import utc_now
 from autotune.runner.rank import run_rank
-
-_WORKER_NICENESS = "RAY_worker_niceness"  # Ray's own spelling: its raylet reads this name
-
-RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
-"""What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
-
-Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
-"""Ray's placement-group strategies; the STRICT ones fail to place rather than bend."""
+from autotune.runner.ray_cluster import connect_ray
+from autotune.runner.ray_experiment import ACTOR_START_TIMEOUT_S, RunningExperiment
+from autotune.runner.ray_gang import (
+    ActorInfo,
+    DriverPaths,
+    Gang,
+    GangShape,
+    Pool,
+    RankFn,
+    Strategy,
+    ranks_per_node,
+)
 
 # While nothing of ours runs, how long an experiment may wait for its gang to be placed before
 # it fails (a shared cluster may be busy; a request that can never fit fails at once).
 PLACEMENT_TIMEOUT_S = 300.0
-# A gang that has not been placed after this long makes room by evicting an idle gang of
-# another shape (placement normally takes milliseconds when resources are free).
-EVICT_AFTER_S = 0.5
 # How often the scheduler wakes up when no rank reports: for deadlines and pending placement.
 POLL_S = 0.2
-# How long a new gang's actors may take to start (a Python process each, torch imported)
-# before its experiment fails: an experiment's own timeout starts only once they have. Ray
-# itself fails an actor whose worker never registers; this bounds anything else (a start-up
-# stuck in an import, a node too busy to start a process) so it is a result, never a hang.
-ACTOR_START_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class GangShape:
-    """What one gang holds: the pool's key. Experiments of the same shape share gangs."""
-
-    world_size: int
-    cpus_per_rank: int
-    gpus_per_rank: float
-    resources_per_rank: tuple[tuple[str, float], ...] = ()
-
-    def bundle(self) -> dict[str, float]:
-        """One rank's resources, as a placement-group bundle."""
-        bundle = {"CPU": float(self.cpus_per_rank), **dict(self.resources_per_rank)}
-        if self.gpus_per_rank:
-            bundle["GPU"] = self.gpus_per_rank
-        return bundle
-
-
-@dataclass(frozen=True)
-class ActorInfo:
-    """A warm rank actor as it is between experiments (see :meth:`RayRunner.actors`)."""
-
-    world_size: int
-    rank: int
-    pid: int
-    node_id: str
-    rss_bytes: int
-    num_threads: int
-    process_group_initialized: bool  # must be False between experiments
-
-
-@dataclass(frozen=True)
-class _DriverPaths:
-    """The driver's working directory and import paths, so ``pkg.mod:fn`` imports in actors.
-
-    Sent with every experiment rather than only at actor start-up: a warm actor then also
-    finds modules on paths the driver added after the actor started.
-    """
-
-    cwd: str
-    sys_path: tuple[str, ...]
-
-    @classmethod
-    def capture(cls) -> _DriverPaths:
-        # The interpreter's own directories (stdlib, site-packages) are left out: on another
-        # node they could shadow that node's installation.
-        installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
-        paths = [os.getcwd()] + [
-            os.path.abspath(p) for p in sys.path if p and not p.startswith(installed)
-        ]
-        return cls(cwd=os.getcwd(), sys_path=tuple(dict.fromkeys(paths)))
-
-    def apply(self) -> None:
-        if os.path.isdir(self.cwd):
-            os.chdir(self.cwd)
-        for path in self.sys_path:
-            # Appended, not prepended: an import path must not shadow an installed package.
-            if path not in sys.path and os.path.isdir(path):
-                sys.path.append(path)
-
-
-class _RankActor:
-    """One rank's warm process. Decorated with ``ray.remote`` below."""
-
-    def __init__(self, rank_fn: RankFn, num_threads: int, preload_torch: bool = True) -> None:
-        if preload_torch:
-            import torch  # the import a fresh launch pays every time, paid once here
-
-            from autotune.engine.launch import import_before_process_groups
-
-            torch.set_num_threads(num_threads)
-            import_before_process_groups()  # else paid inside the first experiment
-        self._rank_fn = rank_fn
-        gc.freeze()
-
-    def ready(self) -> None:
-        """Answers once the actor has started (its ``__init__`` done)."""
-
-    def rendezvous(self) -> str:
-        """Where this experiment's ranks meet: a free port on this (the rank-0) node."""
-        host = ray.util.get_node_ip_address()
-        url_host = f"[{host}]" if ":" in host else host
-        return f"tcp://{url_host}:{free_port(host)}"
-
-    def run(
-        self, spec: ExperimentSpec, rank: int, init_method: str, paths: _DriverPaths
-    ) -> RankOutcome:
-        paths.apply()
-        try:
-            outcome = self._rank_fn(spec, rank, init_method)
-        except Exception as exc:  # run_rank never raises; an injected rank_fn might
-            outcome = failure_outcome(rank, exc)
-        # What survived run_rank's full collection is long-lived (torch, modules): frozen, the
-        # next experiment's collection skips it. Measured: 0.2-0.35 s of each experiment's
-        # overhead went to rescanning ~330k such objects.
-        gc.freeze()
-        return replace(outcome, node_id=ray.get_runtime_context().get_node_id())
-
-    def info(self) -> dict[str, Any]:
-        import torch.distributed as dist
-
-        status = proc_status()
-        return {
-            "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "rss_bytes": status.get("VmRSS", 0) * 1024,
-            "num_threads": status.get("Threads", 0),
-            "process_group_initialized": dist.is_available() and dist.is_initialized(),
-        }
-
-
-_RemoteRankActor: Any = ray.remote(max_restarts=0, max_task_retries=0)(_RankActor)
-
-
-class _Gang:
-    """``world_size`` warm rank actors in one placement group; runs one experiment at a time."""
-
-    def __init__(
-        self,
-        shape: GangShape,
-        rank_fn: RankFn,
-        strategy: Strategy,
-        env_vars: Mapping[str, str],
-        preload_torch: bool = True,
-    ) -> None:
-        self.shape = shape
-        self.created = time.monotonic()
-        self.last_used = self.created
-        self.busy = False
-        self._placed = False
-        bundle = shape.bundle()
-        self.group: PlacementGroup = placement_group([bundle] * shape.world_size, strategy)
-        self._ready = self.group.ready()
-        custom = dict(shape.resources_per_rank)
-        self.actors: list[Any] = [
-            _RemoteRankActor.options(
-                num_cpus=shape.cpus_per_rank,
-                num_gpus=shape.gpus_per_rank,
-                resources=custom or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.group, placement_group_bundle_index=rank
-                ),
-                runtime_env={"env_vars": dict(env_vars)},
-            ).remote(rank_fn, shape.cpus_per_rank, preload_torch)
-            for rank in range(shape.world_size)
-        ]
-        self._starting = [actor.ready.remote() for actor in self.actors]
-
-    def placed(self) -> bool:
-        if not self._placed:
-            ready, _ = ray.wait([self._ready], timeout=0)
-            self._placed = bool(ready)
-        return self._placed
-
-    def starting(self) -> list[Any]:
-        """The actors' start-up answers still awaited (none: every actor has started, or
-        failed to; an experiment's ranks begin at once)."""
-        if self._starting:
-            _, self._starting = ray.wait(self._starting, num_returns=len(self._starting), timeout=0)
-        return self._starting
-
-    def node_id(self, rank: int) -> str:
-        """The Ray node that holds ``rank``'s bundle (for reports its actor could not make)."""
-        nodes = placement_group_table(self.group).get("bundles_to_node_id", {})
-        return str(nodes.get(rank, ""))
-
-    def kill(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        remove_placement_group(self.group)
-
-
-class _Pool:
-    """Gangs by shape: idle ones are reused, and evicted (oldest first) when another shape
-    needs their resources."""
-
-    def __init__(self, make_gang: Callable[[GangShape], _Gang]) -> None:
-        self._make_gang = make_gang
-        self.gangs: list[_Gang] = []
-
-    def take(self, shape: GangShape) -> _Gang | None:
-        """A placed idle gang of ``shape`` marked busy, or None while one is being placed."""
-        idle = [g for g in self.gangs if g.shape == shape and not g.busy]
-        for gang in idle:
-            if gang.placed():
-                gang.busy = True
-                return gang
-        if not idle:
-            self.gangs.append(self._make_gang(shape))
-        elif time.monotonic() - idle[0].created > EVICT_AFTER_S:
-            self._evict_one_idle(other_than=shape)
-        return None
-
-    def release(self, gang: _Gang) -> None:
-        gang.busy = False
-        gang.last_used = time.monotonic()
-
-    def discard(self, gang: _Gang, *, replace_it: bool) -> None:
-        """Kill ``gang``; with ``replace_it`` start its successor now (its start-up then
-        overlaps whatever the driver does next)."""
-        self.gangs.remove(gang)
-        gang.kill()
-        if replace_it:
-            self.gangs.append(self._make_gang(gang.shape))
-
-    def release_idle(self) -> None:
-        for gang in [g for g in self.gangs if not g.busy]:
-            self.discard(gang, replace_it=False)
-
-    def close(self) -> None:
-        for gang in self.gangs:
-            gang.kill()
-        self.gangs.clear()
-
-    def _evict_one_idle(self, other_than: GangShape) -> None:
-        idle = [g for g in self.gangs if g.shape != other_than and not g.busy and g.placed()]
-        if idle:
-            self.discard(min(idle, key=lambda g: g.last_used), replace_it=False)
-
-
-class _Running:
-    """One experiment in flight on a gang: its ranks' futures, deadline and reports.
-
-    Its ``timeout_s`` counts from when its ranks begin, once the gang's actors have started:
-    a fresh gang's start-up is bounded by ``actor_start_timeout_s`` instead.
-    """
-
-    def __init__(
-        self,
-        spec: ExperimentSpec,
-        gang: _Gang,
-        paths: _DriverPaths,
-        actor_start_timeout_s: float = ACTOR_START_TIMEOUT_S,
-    ) -> None:
-        self.spec, self.gang = spec, gang
-        self.started_at, self.started = utc_now(), time.perf_counter()
-        self._actor_start_timeout_s = actor_start_timeout_s
-        self.ranks_began: float | None = None  # the experiment's clock; None while starting
-        self._grace_deadline = float("inf")  # set by the first failure
-        self._note_ranks_began()
-        # Passing rank 0's rendezvous future straight to every rank lets Ray deliver the
-        # address without a driver round trip.
-        init_method = gang.actors[0].rendezvous.remote()
-        self.futures: dict[int, Any] = {
-            rank: actor.run.remote(spec, rank, init_method, paths)
-            for rank, actor in enumerate(gang.actors)
-        }
-        self.outcomes: dict[int, RankOutcome] = {}
-        self.gang_broken = False  # a rank died or failed outside run_rank
-
-    @property
-    def deadline(self) -> float:
-        """When the runner stops waiting: ``timeout_s`` after the ranks began (the start-up
-        bound while the actors start), or a grace period after the first failure."""
-        if self.ranks_began is None:
-            clock = self.started + self._actor_start_timeout_s
-        else:
-            clock = self.ranks_began + self.spec.timeout_s
-        return min(clock, self._grace_deadline)
-
-    def waiting_on(self) -> list[Any]:
-        """What the driver waits for: rank reports, and while the gang starts, its actors
-        (so the experiment's clock starts when they are ready, not at the next report)."""
-        reports = [f for rank, f in self.futures.items() if rank not in self.outcomes]
-        return reports + (self.gang.starting() if self.ranks_began is None else [])
-
-    def poll(self, ready: set[Any]) -> bool:
-        """Collect the reports in ``ready``; True once the experiment has its verdict."""
-        self._note_ranks_began()
-        for rank, future in self.futures.items():
-            if rank in self.outcomes or future not in ready:
-                continue
-            outcome = self._collect(rank, future)
-            self.outcomes[rank] = outcome
-            if outcome.status is not Status.ok:
-                # The failed rank tore its group down; peers get a grace period to notice.
-                self._grace_deadline = min(
-                    self._grace_deadline, time.perf_counter() + FAILURE_GRACE_S
-                )
-        return len(self.outcomes) == self.spec.world_size or time.perf_counter() >= self.deadline
-
-    def _note_ranks_began(self) -> None:
-        if self.ranks_began is None and not self.gang.starting():
-            self.ranks_began = time.perf_counter()
-
-    @property
-    def gang_reusable(self) -> bool:
-        """Every rank answered and none died: the actors are idle and clean (and, for an
-        engine in ``FRESH_AFTER_FAILURE``, every rank succeeded)."""
-        return (
-            len(self.outcomes) == self.spec.world_size
-            and not self.gang_broken
-            and (
-                self.spec.engine not in FRESH_AFTER_FAILURE
-                or all(outcome.status is Status.ok for outcome in self.outcomes.values())
-            )
-        )
-
-    def result(self) -> ExperimentResult:
-        total_s = time.perf_counter() - self.started
-        if self.ranks_began is None and not self.outcomes:
-            return ExperimentResult(
-                name=self.spec.name,
-                status=Status.error,
-                error="RankStartError: the rank actors had not started "
-                f"within {self._actor_start_timeout_s:g} s",
-                started_at=self.started_at,
-                timings=Timings(total_s=total_s),
-            )
-        return experiment_verdict(
-            self.spec, self.outcomes, self.started_at, total_s, node_of=self.gang.node_id
-        )
-
-    def _collect(self, rank: int, future: Any) -> RankOutcome:
-        try:
-            outcome: RankOutcome = ray.get(future)
-            return outcome
-        except (
-            ray.exceptions.ActorDiedError,
-            # Unreachable, e.g. its node left the cluster; with no restarts it never returns.
-            ray.exceptions.ActorUnavailableError,
-            ray.exceptions.OutOfMemoryError,
-        ) as exc:
-            self.gang_broken = True
-            return self._actor_lost(rank, exc)
-        except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
-            self.gang_broken = True  # its state is unknown: do not reuse it
-            return replace(failure_outcome(rank, exc), node_id=self.gang.node_id(rank))
-
-    def _actor_lost(self, rank: int, exc: ray.exceptions.RayError) -> RankOutcome:
-        """The outcome of a rank whose actor is gone: killed by Ray's memory monitor, or died."""
-        if isinstance(exc, ray.exceptions.OutOfMemoryError):
-            # The memory monitor kills an actor to save its node: the experiment needs more
-            # host memory than the node has, an OOM rather than a crash.
-            status = Status.oom
-            error = (
-                f"OutOfMemoryError: rank {rank} actor was killed by Ray's memory monitor "
-                "(its node ran low on memory)"
-            )
-            peer_failure = False
-        else:
-            status = Status.error
-            unreachable = isinstance(exc, ray.exceptions.ActorUnavailableError)
-            how = "became unreachable (its node may have left)" if unreachable else "died"
-            error = f"RankDied: rank {rank} actor {how} during the experiment ({_death_cause(exc)})"
-            # Only the rank whose own actor died is a cause; a rank that merely waited for
-            # rank 0's address reports rank 0's death.
-            peer_failure = getattr(exc, "actor_id", None) != self._actor_id(rank)
-        return RankOutcome(
-            rank=rank,
-            status=status,
-            error=error,
-            error_detail=str(exc),
-            failed_at=time.time(),
-            peer_failure=peer_failure,
-            node_id=self.gang.node_id(rank),
-        )
-
-    def _actor_id(self, rank: int) -> str | None:
-        actor_id = getattr(self.gang.actors[rank], "_actor_id", None)
-        return actor_id.hex() if actor_id is not None else None
-
-
-def _death_cause(exc: BaseException) -> str:
-    """The part of Ray's actor-death message that says why, e.g. the worker exit detail."""
-    text = " ".join(str(exc).split())
-    match = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?)(?: Some common|$)", text)
-    if match:
-        return f"{match.group(1)}: {match.group(2).strip()}"
-    return text[:300]
 
 
 class RayRunner:
@@ -516,9 +125,9 @@ class RayRunner:
         self._rank_fn = rank_fn
         self._preload_torch = preload_torch
         self._actor_start_timeout_s = actor_start_timeout_s
-        self._pool = _Pool(self._make_gang)
+        self._pool = Pool(self._make_gang)
         self._queued: deque[ExperimentSpec] = deque()
-        self._running: list[_Running] = []
+        self._running: list[RunningExperiment] = []
         self._waiting_since = time.perf_counter()
         self._closed = False
 
@@ -609,7 +218,7 @@ class RayRunner:
         """
         self._check_gpus_fit(world_size)
         shape = GangShape(world_size, cpus_per_rank, self._gpus_per_rank, self._resources)
-        per_node = _ranks_per_node(shape)
+        per_node = ranks_per_node(shape)
         if self._strategy_for(shape, per_node) == "STRICT_PACK":
             return sum(n // shape.world_size for n in per_node)
         return sum(per_node) // shape.world_size
@@ -668,30 +277,32 @@ class RayRunner:
                 gang = self._pool.take(self._shape(spec))
                 if gang is None:
                     break
-                paths = _DriverPaths.capture()
-                self._running.append(_Running(spec, gang, paths, self._actor_start_timeout_s))
+                paths = DriverPaths.capture()
+                self._running.append(
+                    RunningExperiment(spec, gang, paths, self._actor_start_timeout_s)
+                )
             else:
                 refusals.append(refusal)
             self._queued.popleft()
             self._waiting_since = time.perf_counter()
         return refusals
 
-    def _strategy_for(self, shape: GangShape, ranks_per_node: list[int] | None = None) -> Strategy:
+    def _strategy_for(self, shape: GangShape, per_node: list[int] | None = None) -> Strategy:
         """The asked strategy, else one node for the whole gang where a node can hold it."""
         if self._strategy is not None:
             return self._strategy
-        if ranks_per_node is None:
-            ranks_per_node = _ranks_per_node(shape)
-        return "STRICT_PACK" if max(ranks_per_node, default=0) >= shape.world_size else "SPREAD"
+        if per_node is None:
+            per_node = ranks_per_node(shape)
+        return "STRICT_PACK" if max(per_node, default=0) >= shape.world_size else "SPREAD"
 
-    def _make_gang(self, shape: GangShape) -> _Gang:
+    def _make_gang(self, shape: GangShape) -> Gang:
         threads = str(shape.cpus_per_rank)
         env_vars = {
             # Set before the actor's interpreter starts: OpenMP reads it only once.
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,
             # For modules the actor must import before any experiment arrives (the rank_fn's).
-            "PYTHONPATH": os.pathsep.join(_DriverPaths.capture().sys_path),
+            "PYTHONPATH": os.pathsep.join(DriverPaths.capture().sys_path),
         }
         if not shape.gpus_per_rank:
             # 0 GPUs means CPU ranks: a rank that sees a GPU takes it (NCCL), and ranks
@@ -699,9 +310,9 @@ class RayRunner:
             # actors that ask for no GPU, which have varied across versions.
             env_vars["CUDA_VISIBLE_DEVICES"] = ""
         strategy = self._strategy_for(shape)
-        return _Gang(shape, self._rank_fn, strategy, env_vars, self._preload_torch)
+        return Gang(shape, self._rank_fn, strategy, env_vars, self._preload_torch)
 
-    def _finish(self, experiment: _Running) -> ExperimentResult:
+    def _finish(self, experiment: RunningExperiment) -> ExperimentResult:
         result = experiment.result()
         if experiment.gang_reusable:
             self._pool.release(experiment.gang)
@@ -710,7 +321,7 @@ class RayRunner:
         return result
 
     def _unplaceable(
-        self, spec: ExperimentSpec, running: list[_Running], waiting_since: float
+        self, spec: ExperimentSpec, running: list[RunningExperiment], waiting_since: float
     ) -> ExperimentResult | None:
         """A result for ``spec`` if its gang can never be placed, or has waited too long."""
         shape = self._shape(spec)
@@ -733,7 +344,7 @@ class RayRunner:
             started_at=utc_now(),
         )
 
-    def _wait(self, running: list[_Running], idle: bool) -> list[Any]:
+    def _wait(self, running: list[RunningExperiment], idle: bool) -> list[Any]:
         """Block until a rank reports, the nearest deadline passes, or (with experiments
         waiting for room) the next placement check is due."""
         futures = [f for e in running for f in e.waiting_on()]
@@ -771,36 +382,3 @@ def check_gpus_fit(world_size: int, gpus_per_rank: float, cluster_gpus: float) -
         f"cluster has {cluster_gpus:g}; use {fewer_ranks}gpus_per_rank=0 (--gpus-per-rank 0) "
         "to run the ranks without GPUs",
     )
-
-
-def _ranks_per_node(shape: GangShape) -> list[int]:
-    """Per live node, how many rank bundles of ``shape`` its resources hold."""
-    bundle = {name: amount for name, amount in shape.bundle().items() if amount > 0}
-    return [
-        min(
-            int(node["Resources"].get(name, 0.0) / amount + 1e-6) for name, amount in bundle.items()
-        )
-        for node in ray.nodes()
-        if node.get("Alive")
-    ]
-
-
-def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
-    """Connect to Ray, or start a local cluster (``num_cpus`` CPUs, default all); True if this
-    call started it (and so its caller must shut it down)."""
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS")
-    # Quiet: Ray's own start-up notices (auth tokens, dashboard) are not the user's business.
-    level = logging.ERROR if quiet else logging.WARNING
-    common: dict[str, Any] = {"log_to_driver": not quiet, "logging_level": level}
-    if address:
-        ray.init(address=address, **common)
-        return False
-    # Ray starts workers at niceness 15, so the ranks of an experiment yielded the CPU to any
-    # other process on the node (a notebook, a build) and measured its load, not the config.
-    # Ranks run as training would; an explicit RAY_worker_niceness still wins.
-    niceness = {_WORKER_NICENESS: os.environ.get(_WORKER_NICENESS, "0")}
-    with entries_set(os.environ, niceness):
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, **common)
-    return True

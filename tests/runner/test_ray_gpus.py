@@ -15,6 +15,8 @@ from autotune.cli import app
 from autotune.config import ConfigError
 from autotune.experiment import Status
 from autotune.runner import ray_runner
+from autotune.runner.ray_experiment import RunningExperiment
+from autotune.runner.ray_gang import GangShape
 from autotune.runner.ray_runner import RayRunner, check_gpus_fit
 from tests.runner.specs import stand_in
 
@@ -56,7 +58,7 @@ def fake_gpu_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray_runner, "connect_ray", lambda *args: False)
     monkeypatch.setattr(ray, "cluster_resources", lambda: dict(TWO_GPUS))
-    monkeypatch.setattr(ray_runner, "_Gang", no_gang)
+    monkeypatch.setattr(ray_runner, "Gang", no_gang)
 
 
 @pytest.mark.usefixtures("fake_gpu_cluster")
@@ -100,7 +102,7 @@ def test_an_actor_killed_by_rays_memory_monitor_is_status_oom(
         raise ray.exceptions.OutOfMemoryError("Task was killed due to the node running low")
 
     monkeypatch.setattr(ray, "get", killed_by_memory_monitor)
-    experiment = object.__new__(ray_runner._Running)
+    experiment = object.__new__(RunningExperiment)
     experiment.gang, experiment.gang_broken = _FakeGang(), False
     outcome = experiment._collect(1, future=None)
     assert outcome.status is Status.oom and not outcome.peer_failure
@@ -122,8 +124,8 @@ def test_ranks_without_gpus_see_none(
 ) -> None:
     # A rank that sees a GPU takes it for NCCL: CPU ranks on a GPU node must not see one.
     made: list[dict[str, str]] = []
-    monkeypatch.setattr(ray_runner, "_Gang", lambda shape, fn, strategy, env, _: made.append(env))
+    monkeypatch.setattr(ray_runner, "Gang", lambda shape, fn, strategy, env, _: made.append(env))
     runner = object.__new__(RayRunner)
     runner._rank_fn, runner._strategy, runner._preload_torch = None, "PACK", True
-    runner._make_gang(ray_runner.GangShape(2, 1, gpus_per_rank))
+    runner._make_gang(GangShape(2, 1, gpus_per_rank))
     assert (made[0].get("CUDA_VISIBLE_DEVICES") == "") is hidden

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from autotune.experiment import ExperimentResult, Status
-from autotune.runner.ray_runner import ActorInfo, RayRunner
+from autotune.runner.ray_gang import ActorInfo
+from autotune.runner.ray_runner import RayRunner
 from tests.runner.specs import FAULTY, spec
 
 pytestmark = pytest.mark.ray

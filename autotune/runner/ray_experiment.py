@@ -1,0 +1,183 @@
+"""One experiment in flight on a gang of Ray rank actors: its futures, deadline and verdict.
+
+An actor that dies, becomes unreachable or is killed by Ray's memory monitor is a rank's
+outcome here (status ``error`` or ``oom``), never a raise.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from autotune.engines import FRESH_AFTER_FAILURE
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
+from autotune.runner.outcome import (
+    FAILURE_GRACE_S,
+    RankOutcome,
+    experiment_verdict,
+    failure_outcome,
+)
+from autotune.runner.process import utc_now
+from autotune.runner.ray_gang import DriverPaths, Gang
+
+# How long a new gang's actors may take to start (a Python process each, torch imported)
+# before its experiment fails: an experiment's own timeout starts only once they have. Ray
+# itself fails an actor whose worker never registers; this bounds anything else (a start-up
+# stuck in an import, a node too busy to start a process) so it is a result, never a hang.
+ACTOR_START_TIMEOUT_S = 300.0
+
+
+class RunningExperiment:
+    """One experiment in flight on a gang: its ranks' futures, deadline and reports.
+
+    Its ``timeout_s`` counts from when its ranks begin, once the gang's actors have started:
+    a fresh gang's start-up is bounded by ``actor_start_timeout_s`` instead.
+    """
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        gang: Gang,
+        paths: DriverPaths,
+        actor_start_timeout_s: float = ACTOR_START_TIMEOUT_S,
+    ) -> None:
+        self.spec, self.gang = spec, gang
+        self.started_at, self.started = utc_now(), time.perf_counter()
+        self._actor_start_timeout_s = actor_start_timeout_s
+        self.ranks_began: float | None = None  # the experiment's clock; None while starting
+        self._grace_deadline = float("inf")  # set by the first failure
+        self._note_ranks_began()
+        # Passing rank 0's rendezvous future straight to every rank lets Ray deliver the
+        # address without a driver round trip.
+        init_method = gang.actors[0].rendezvous.remote()
+        self.futures: dict[int, Any] = {
+            rank: actor.run.remote(spec, rank, init_method, paths)
+            for rank, actor in enumerate(gang.actors)
+        }
+        self.outcomes: dict[int, RankOutcome] = {}
+        self.gang_broken = False  # a rank died or failed outside run_rank
+
+    @property
+    def deadline(self) -> float:
+        """When the runner stops waiting: ``timeout_s`` after the ranks began (the start-up
+        bound while the actors start), or a grace period after the first failure."""
+        if self.ranks_began is None:
+            clock = self.started + self._actor_start_timeout_s
+        else:
+            clock = self.ranks_began + self.spec.timeout_s
+        return min(clock, self._grace_deadline)
+
+    def waiting_on(self) -> list[Any]:
+        """What the driver waits for: rank reports, and while the gang starts, its actors
+        (so the experiment's clock starts when they are ready, not at the next report)."""
+        reports = [f for rank, f in self.futures.items() if rank not in self.outcomes]
+        return reports + (self.gang.starting() if self.ranks_began is None else [])
+
+    def poll(self, ready: set[Any]) -> bool:
+        """Collect the reports in ``ready``; True once the experiment has its verdict."""
+        self._note_ranks_began()
+        for rank, future in self.futures.items():
+            if rank in self.outcomes or future not in ready:
+                continue
+            outcome = self._collect(rank, future)
+            self.outcomes[rank] = outcome
+            if outcome.status is not Status.ok:
+                # The failed rank tore its group down; peers get a grace period to notice.
+                self._grace_deadline = min(
+                    self._grace_deadline, time.perf_counter() + FAILURE_GRACE_S
+                )
+        return len(self.outcomes) == self.spec.world_size or time.perf_counter() >= self.deadline
+
+    def _note_ranks_began(self) -> None:
+        if self.ranks_began is None and not self.gang.starting():
+            self.ranks_began = time.perf_counter()
+
+    @property
+    def gang_reusable(self) -> bool:
+        """Every rank answered and none died: the actors are idle and clean (and, for an
+        engine in ``FRESH_AFTER_FAILURE``, every rank succeeded)."""
+        return (
+            len(self.outcomes) == self.spec.world_size
+            and not self.gang_broken
+            and (
+                self.spec.engine not in FRESH_AFTER_FAILURE
+                or all(outcome.status is Status.ok for outcome in self.outcomes.values())
+            )
+        )
+
+    def result(self) -> ExperimentResult:
+        total_s = time.perf_counter() - self.started
+        if self.ranks_began is None and not self.outcomes:
+            return ExperimentResult(
+                name=self.spec.name,
+                status=Status.error,
+                error="RankStartError: the rank actors had not started "
+                f"within {self._actor_start_timeout_s:g} s",
+                started_at=self.started_at,
+                timings=Timings(total_s=total_s),
+            )
+        return experiment_verdict(
+            self.spec, self.outcomes, self.started_at, total_s, node_of=self.gang.node_id
+        )
+
+    def _collect(self, rank: int, future: Any) -> RankOutcome:
+        try:
+            outcome: RankOutcome = ray.get(future)
+            return outcome
+        except (
+            ray.exceptions.ActorDiedError,
+            # Unreachable, e.g. its node left the cluster; with no restarts it never returns.
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.OutOfMemoryError,
+        ) as exc:
+            self.gang_broken = True
+            return self._actor_lost(rank, exc)
+        except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
+            self.gang_broken = True  # its state is unknown: do not reuse it
+            return replace(failure_outcome(rank, exc), node_id=self.gang.node_id(rank))
+
+    def _actor_lost(self, rank: int, exc: ray.exceptions.RayError) -> RankOutcome:
+        """The outcome of a rank whose actor is gone: killed by Ray's memory monitor, or died."""
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            # The memory monitor kills an actor to save its node: the experiment needs more
+            # host memory than the node has, an OOM rather than a crash.
+            status = Status.oom
+            error = (
+                f"OutOfMemoryError: rank {rank} actor was killed by Ray's memory monitor "
+                "(its node ran low on memory)"
+            )
+            peer_failure = False
+        else:
+            status = Status.error
+            unreachable = isinstance(exc, ray.exceptions.ActorUnavailableError)
+            how = "became unreachable (its node may have left)" if unreachable else "died"
+            error = f"RankDied: rank {rank} actor {how} during the experiment ({_death_cause(exc)})"
+            # Only the rank whose own actor died is a cause; a rank that merely waited for
+            # rank 0's address reports rank 0's death.
+            peer_failure = getattr(exc, "actor_id", None) != self._actor_id(rank)
+        return RankOutcome(
+            rank=rank,
+            status=status,
+            error=error,
+            error_detail=str(exc),
+            failed_at=time.time(),
+            peer_failure=peer_failure,
+            node_id=self.gang.node_id(rank),
+        )
+
+    def _actor_id(self, rank: int) -> str | None:
+        actor_id = getattr(self.gang.actors[rank], "_actor_id", None)
+        return actor_id.hex() if actor_id is not None else None
+
+
+def _death_cause(exc: BaseException) -> str:
+    """The part of Ray's actor-death message that says why, e.g. the worker exit detail."""
+    text = " ".join(str(exc).split())
+    match = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?)(?: Some common|$)", text)
+    if match:
+        return f"{match.group(1)}: {match.group(2).strip()}"
+    return text[:300]

@@ -1,0 +1,270 @@
+"""Gangs of warm rank actors: one Ray actor per rank, placed together by a placement group.
+
+A gang holds ``world_size`` actors of one :class:`GangShape`; its placement group's bundles are
+exclusive, so two gangs never share a GPU or a CPU slot. The :class:`Pool` keeps gangs warm
+between experiments, by shape, and evicts idle ones when another shape needs their room.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import ray
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from autotune.experiment import ExperimentSpec
+from autotune.runner.outcome import RankOutcome, failure_outcome
+from autotune.runner.process import free_port, proc_status
+
+RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
+"""What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
+
+Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+"""Ray's placement-group strategies; the STRICT ones fail to place rather than bend."""
+
+# A gang that has not been placed after this long makes room by evicting an idle gang of
+# another shape (placement normally takes milliseconds when resources are free).
+EVICT_AFTER_S = 0.5
+
+
+@dataclass(frozen=True)
+class GangShape:
+    """What one gang holds: the pool's key. Experiments of the same shape share gangs."""
+
+    world_size: int
+    cpus_per_rank: int
+    gpus_per_rank: float
+    resources_per_rank: tuple[tuple[str, float], ...] = ()
+
+    def bundle(self) -> dict[str, float]:
+        """One rank's resources, as a placement-group bundle."""
+        bundle = {"CPU": float(self.cpus_per_rank), **dict(self.resources_per_rank)}
+        if self.gpus_per_rank:
+            bundle["GPU"] = self.gpus_per_rank
+        return bundle
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """A warm rank actor as it is between experiments (see :meth:`RayRunner.actors`)."""
+
+    world_size: int
+    rank: int
+    pid: int
+    node_id: str
+    rss_bytes: int
+    num_threads: int
+    process_group_initialized: bool  # must be False between experiments
+
+
+@dataclass(frozen=True)
+class DriverPaths:
+    """The driver's working directory and import paths, so ``pkg.mod:fn`` imports in actors.
+
+    Sent with every experiment rather than only at actor start-up: a warm actor then also
+    finds modules on paths the driver added after the actor started.
+    """
+
+    cwd: str
+    sys_path: tuple[str, ...]
+
+    @classmethod
+    def capture(cls) -> DriverPaths:
+        # The interpreter's own directories (stdlib, site-packages) are left out: on another
+        # node they could shadow that node's installation.
+        installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+        paths = [os.getcwd()] + [
+            os.path.abspath(p) for p in sys.path if p and not p.startswith(installed)
+        ]
+        return cls(cwd=os.getcwd(), sys_path=tuple(dict.fromkeys(paths)))
+
+    def apply(self) -> None:
+        if os.path.isdir(self.cwd):
+            os.chdir(self.cwd)
+        for path in self.sys_path:
+            # Appended, not prepended: an import path must not shadow an installed package.
+            if path not in sys.path and os.path.isdir(path):
+                sys.path.append(path)
+
+
+class _RankActor:
+    """One rank's warm process. Decorated with ``ray.remote`` below."""
+
+    def __init__(self, rank_fn: RankFn, num_threads: int, preload_torch: bool = True) -> None:
+        if preload_torch:
+            import torch  # the import a fresh launch pays every time, paid once here
+
+            from autotune.engine.launch import import_before_process_groups
+
+            torch.set_num_threads(num_threads)
+            import_before_process_groups()  # else paid inside the first experiment
+        self._rank_fn = rank_fn
+        gc.freeze()
+
+    def ready(self) -> None:
+        """Answers once the actor has started (its ``__init__`` done)."""
+
+    def rendezvous(self) -> str:
+        """Where this experiment's ranks meet: a free port on this (the rank-0) node."""
+        host = ray.util.get_node_ip_address()
+        url_host = f"[{host}]" if ":" in host else host
+        return f"tcp://{url_host}:{free_port(host)}"
+
+    def run(
+        self, spec: ExperimentSpec, rank: int, init_method: str, paths: DriverPaths
+    ) -> RankOutcome:
+        paths.apply()
+        try:
+            outcome = self._rank_fn(spec, rank, init_method)
+        except Exception as exc:  # run_rank never raises; an injected rank_fn might
+            outcome = failure_outcome(rank, exc)
+        # What survived run_rank's full collection is long-lived (torch, modules): frozen, the
+        # next experiment's collection skips it. Measured: 0.2-0.35 s of each experiment's
+        # overhead went to rescanning ~330k such objects.
+        gc.freeze()
+        return replace(outcome, node_id=ray.get_runtime_context().get_node_id())
+
+    def info(self) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        status = proc_status()
+        return {
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "rss_bytes": status.get("VmRSS", 0) * 1024,
+            "num_threads": status.get("Threads", 0),
+            "process_group_initialized": dist.is_available() and dist.is_initialized(),
+        }
+
+
+_RemoteRankActor: Any = ray.remote(max_restarts=0, max_task_retries=0)(_RankActor)
+
+
+class Gang:
+    """``world_size`` warm rank actors in one placement group; runs one experiment at a time."""
+
+    def __init__(
+        self,
+        shape: GangShape,
+        rank_fn: RankFn,
+        strategy: Strategy,
+        env_vars: Mapping[str, str],
+        preload_torch: bool = True,
+    ) -> None:
+        self.shape = shape
+        self.created = time.monotonic()
+        self.last_used = self.created
+        self.busy = False
+        self._placed = False
+        bundle = shape.bundle()
+        self.group: PlacementGroup = placement_group([bundle] * shape.world_size, strategy)
+        self._ready = self.group.ready()
+        custom = dict(shape.resources_per_rank)
+        self.actors: list[Any] = [
+            _RemoteRankActor.options(
+                num_cpus=shape.cpus_per_rank,
+                num_gpus=shape.gpus_per_rank,
+                resources=custom or None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.group, placement_group_bundle_index=rank
+                ),
+                runtime_env={"env_vars": dict(env_vars)},
+            ).remote(rank_fn, shape.cpus_per_rank, preload_torch)
+            for rank in range(shape.world_size)
+        ]
+        self._starting = [actor.ready.remote() for actor in self.actors]
+
+    def placed(self) -> bool:
+        if not self._placed:
+            ready, _ = ray.wait([self._ready], timeout=0)
+            self._placed = bool(ready)
+        return self._placed
+
+    def starting(self) -> list[Any]:
+        """The actors' start-up answers still awaited (none: every actor has started, or
+        failed to; an experiment's ranks begin at once)."""
+        if self._starting:
+            _, self._starting = ray.wait(self._starting, num_returns=len(self._starting), timeout=0)
+        return self._starting
+
+    def node_id(self, rank: int) -> str:
+        """The Ray node that holds ``rank``'s bundle (for reports its actor could not make)."""
+        nodes = placement_group_table(self.group).get("bundles_to_node_id", {})
+        return str(nodes.get(rank, ""))
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(self.group)
+
+
+class Pool:
+    """Gangs by shape: idle ones are reused, and evicted (oldest first) when another shape
+    needs their resources."""
+
+    def __init__(self, make_gang: Callable[[GangShape], Gang]) -> None:
+        self._make_gang = make_gang
+        self.gangs: list[Gang] = []
+
+    def take(self, shape: GangShape) -> Gang | None:
+        """A placed idle gang of ``shape`` marked busy, or None while one is being placed."""
+        idle = [g for g in self.gangs if g.shape == shape and not g.busy]
+        for gang in idle:
+            if gang.placed():
+                gang.busy = True
+                return gang
+        if not idle:
+            self.gangs.append(self._make_gang(shape))
+        elif time.monotonic() - idle[0].created > EVICT_AFTER_S:
+            self._evict_one_idle(other_than=shape)
+        return None
+
+    def release(self, gang: Gang) -> None:
+        gang.busy = False
+        gang.last_used = time.monotonic()
+
+    def discard(self, gang: Gang, *, replace_it: bool) -> None:
+        """Kill ``gang``; with ``replace_it`` start its successor now (its start-up then
+        overlaps whatever the driver does next)."""
+        self.gangs.remove(gang)
+        gang.kill()
+        if replace_it:
+            self.gangs.append(self._make_gang(gang.shape))
+
+    def release_idle(self) -> None:
+        for gang in [g for g in self.gangs if not g.busy]:
+            self.discard(gang, replace_it=False)
+
+    def close(self) -> None:
+        for gang in self.gangs:
+            gang.kill()
+        self.gangs.clear()
+
+    def _evict_one_idle(self, other_than: GangShape) -> None:
+        idle = [g for g in self.gangs if g.shape != other_than and not g.busy and g.placed()]
+        if idle:
+            self.discard(min(idle, key=lambda g: g.last_used), replace_it=False)
+
+
+def ranks_per_node(shape: GangShape) -> list[int]:
+    """Per live node, how many rank bundles of ``shape`` its resources hold."""
+    bundle = {name: amount for name, amount in shape.bundle().items() if amount > 0}
+    return [
+        min(
+            int(node["Resources"].get(name, 0.0) / amount + 1e-6) for name, amount in bundle.items()
+        )
+        for node in ray.nodes()
+        if node.get("Alive")
+    ]
