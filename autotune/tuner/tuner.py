@@ -2,33 +2,29 @@
 
 The flow (DeepSpeed's, with its bugs fixed), one phase after another:
 
-1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits, exactly:
-   start at the memory estimate's largest fit; after a failure halve, after a fit climb (to
-   where the peak memory measured so far says memory ends, else the estimate without its
-   margin, else double) until a fit and a failure bracket it, then narrow the bracket (at the
-   measured-memory guess where it falls inside, else bisecting) to a fit and a failure one
-   size apart. An ``oom`` is a constraint: every larger micro-batch with the same stage
-   and knobs is pruned unrun. A script that ran out of data (it ended early,
-   :attr:`ExperimentResult.ended_early`: its loader has fewer batches at that micro-batch than
-   the profile window needs) bounds every variant alike: that micro-batch and every larger one
-   are pruned everywhere. A script that ends after as many steps whatever the micro-batch has
-   a step limit of its own, which no config changes: the run ends saying so. Variants are
-   searched one after another, in an order the tuner type decides (see
-   :func:`~autotune.tuner.prior.variant_order`).
+1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits, exactly
+   (:mod:`autotune.tuner.probe`). Failures bound the rest of the space
+   (:mod:`autotune.tuner.bounds`): an ``oom`` prunes every larger micro-batch with the same
+   stage and knobs, a script that ran out of data every larger micro-batch in every variant,
+   and a script that ends after as many steps whatever the micro-batch ends the run, saying
+   so. Variants are searched one after another, in an order the tuner type decides
+   (:func:`~autotune.tuner.prior.variant_order`).
 2. ``micro_batch``: compare the largest fit and sizes about half apart below it
    (``num_tuning_micro_batch_sizes`` in all), per variant, with the chosen sampler.
    ``fast: true`` (and no knob lists) stops the search here.
 3. ``knobs``: each surviving variant at its best micro-batch, over its knobs.
 4. ``remeasure``: the top ``num_remeasure`` configurations run again (``<name>_r1``, ...) and
-   the best is declared on the median of repeats — step times vary up to ±50% run to run.
+   the best is declared on the median of repeats, the closest racing on
+   (:mod:`autotune.tuner.remeasure`): step times vary up to ±50% run to run.
 
-Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a new best;
-the whole run ends once the first :data:`SAME_FAILURE_LIMIT` experiments all failed with the
-same error (a script that rejects a flag fails alike whatever the config);
-``tuner_num_trials`` caps the search experiments (re-measurements are extra).
-``time_budget_s`` bounds the run's wall time: an experiment starts only if it is expected to
-end within it (:mod:`autotune.tuner.budget`), and the search ends where its next experiment
-would leave no room to re-measure the best so far.
+Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a new best
+(:mod:`autotune.tuner.stopping`); the whole run ends once the first
+:data:`~autotune.tuner.bounds.SAME_FAILURE_LIMIT` experiments all failed with the same error
+(a script that rejects a flag fails alike whatever the config); ``tuner_num_trials`` caps the
+search experiments (re-measurements are extra). ``time_budget_s`` bounds the run's wall time:
+an experiment starts only if it is expected to end within it (:mod:`autotune.tuner.budget`),
+and the search ends where its next experiment would leave no room to re-measure the best so
+far.
 
 Several experiments may be in flight at once. ``ask`` then returns None both when the search
 is over and when the next proposal needs a result first (the end of a phase, the next step of
@@ -74,6 +70,7 @@ from autotune.tuner.space import (
     build_space,
     recommended_point,
 )
+from autotune.tuner.stopping import experiments_since_best
 from autotune.tuner.summary import TuningSummary, summarize
 
 if TYPE_CHECKING:
@@ -625,10 +622,6 @@ class Tuner:
     def _is_free(self, name: str) -> bool:
         return name not in self._ledger.results and name not in self._pending
 
-    def _status(self, name: str) -> Status | None:
-        result = self._ledger.results.get(name)
-        return result.status if result is not None else None
-
     def _best_micro_batch(self, plan: VariantPlan) -> int | None:
         """The best of the sizes the micro-batch phase compared (not of the memory search's)."""
         largest = self._ledger.largest_fit(plan.variant)
@@ -651,12 +644,6 @@ class Tuner:
                 return largest
         return best
 
-    def _is_largest_fit(self, name: str) -> bool:
-        entry = self._ledger.entries.get(name)
-        if entry is None or entry.knobs:
-            return False
-        return self._ledger.largest_fit(entry.variant) == entry.micro_batch_size
-
     def _entry(self, name: str) -> Entry | None:
         """The configuration ``name`` names, registering a micro-batch run told from history."""
         if name not in self._ledger.entries and name in self._size_names:
@@ -674,38 +661,11 @@ class Tuner:
         return spent >= self._tuning.tuner_num_trials
 
     def _patience_spent(self) -> bool:
-        return self._since_best() >= self._tuning.tuner_early_stopping
-
-    def _of_a_later_phase(self, name: str) -> bool:
-        """A knob experiment while the micro-batch phase runs: replayed from a run that got
-        further, it must not end or extend the micro-batch search (a resumed run decides each
-        phase on what that phase knew)."""
-        entry = self._ledger.entries.get(name)
-        return entry is None or (self._phase is Phase.micro_batch and bool(entry.knobs))
-
-    def _since_best(self) -> int:
-        """Experiments of this phase since the last new best (of any phase), in the order
-        they were proposed.
-
-        One in flight, and every one proposed after it, counts as no better: an upper bound,
-        exact once nothing is in flight, so that experiments running side by side never go
-        past where a one-at-a-time run would have stopped.
-        """
-        best: float | None = None
-        since = 0
-        unsettled = False
-        for name in self._proposed:
-            if split_repeat(name)[1] != 0 or self._of_a_later_phase(name):
-                continue
-            result = self._ledger.results.get(name)
-            unsettled = unsettled or result is None
-            value = None
-            if not unsettled and result is not None and result.ok and result.metrics:
-                value = score(result.metrics, self._tuning.metric)
-            if value is not None and (best is None or value > best):
-                best, since = value, 0
-            elif name in self._phase_points and not self._is_largest_fit(name):
-                # The largest fit is the micro-batch search's result, run before this phase:
-                # where it falls among other variants' searches depends on what ran beside it.
-                since += 1
-        return since
+        since = experiments_since_best(
+            self._ledger,
+            self._proposed,
+            self._phase_points,
+            self._tuning.metric,
+            knobs_later=self._phase is Phase.micro_batch,
+        )
+        return since >= self._tuning.tuner_early_stopping
