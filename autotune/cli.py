@@ -173,9 +173,10 @@ def run(
     from autotune.config import load_config, parse_size, read_json, set_key
     from autotune.display import Progress, print_report
     from autotune.engines import DeepSpeedUnavailable
+    from autotune.job import TuningJob, check_job
     from autotune.results import ResultsDirError, ResultsLockedError
     from autotune.script import ScriptError, ScriptTarget
-    from autotune.tuning import TuningJob, check_job, tune
+    from autotune.tuning import tune
     from autotune.workloads import WorkloadError, parse_workload_args
 
     try:

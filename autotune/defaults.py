@@ -8,7 +8,7 @@ with the optimizer state sharded.
 The one source of each default: DeepSpeed's documented ``autotuning`` defaults (profile window,
 timeout, results directory, seed) are :class:`autotune.config.AutotuningConfig`'s; what is
 autotune's own choice is here; an experiment's settings are derived from the job
-(:func:`autotune.tuning.experiment_spec`), never defaulted again.
+(:func:`autotune.job.experiment_spec`), never defaulted again.
 """
 
 from __future__ import annotations

@@ -41,9 +41,10 @@ from autotune.config import Metric, load_config
 from autotune.config.sizes import parse_size
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult
+from autotune.job import TuningJob, experiment_spec
 from autotune.tuner import Candidate, Ranked, rank, repeat_name, split_repeat
 from autotune.tuner.ranking import relative_noise
-from autotune.tuning import Runner, TuningEvent, TuningJob, experiment_spec, tune
+from autotune.tuning import Runner, TuningEvent, tune
 
 TARGET = 0.97
 TUNERS = ("gridsearch", "random", "model_based")

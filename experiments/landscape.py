@@ -58,10 +58,10 @@ from autotune.bench.table import (
 from autotune.config import load_config
 from autotune.config.sizes import parse_size
 from autotune.experiment import ExperimentResult
+from autotune.job import TuningJob, experiment_spec
 from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Phase, Ranked, Tuner, build_space
 from autotune.tuner.ranking import relative_noise
-from autotune.tuning import TuningJob, experiment_spec
 from autotune.workloads import parse_workload_args
 
 # How sure refining must be of each configuration's side of the benchmark's line (two-sided

@@ -20,8 +20,8 @@ from autotune.defaults import (
     DEFAULT_WORLD_SIZE,
     EARLIER_DEFAULT_RESULTS_DIR,
 )
+from autotune.job import TuningJob, experiment_spec
 from autotune.tuner import Candidate, Phase
-from autotune.tuning import TuningJob, experiment_spec
 
 
 class _Captured(Exception):

@@ -23,11 +23,11 @@ from typing import Any
 
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
+from autotune.job import TuningJob, experiment_spec
 from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Tuner
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked
-from autotune.tuning import TuningJob, experiment_spec
 
 LANDSCAPE_FORMAT = 1
 # The benchmark's line: a tuner's choice counts when within 2% of the table's best.

@@ -83,7 +83,7 @@ def config_metrics(spec: ExperimentSpec) -> Metrics:
 
 def tuning_job(results_dir: Path, config: dict[str, Any] | None = None) -> Any:
     """A job for simulated runs: ``config`` (default :data:`TUNING_CONFIG`) at world size 2."""
-    from autotune.tuning import TuningJob
+    from autotune.job import TuningJob
 
     return TuningJob(
         config=load_config(config or TUNING_CONFIG, world_size=2),

@@ -20,13 +20,13 @@ import pytest
 from typer.testing import CliRunner
 
 import autotune.engines
-import autotune.tuning
+import autotune.job
 from autotune.cli import app
 from autotune.config import load_config
+from autotune.job import TuningJob
 from autotune.results import load_results
 from autotune.runner.deepspeed_engine import STALE_AGE_S, clear_leftovers
 from autotune.script import ScriptTarget
-from autotune.tuning import TuningJob
 from tests.deepspeed_installed import needs_deepspeed
 
 SCRIPT = Path(__file__).with_name("ds_script.py")
@@ -77,8 +77,8 @@ def test_the_engine_is_part_of_the_job_and_builtin_jobs_keep_their_fingerprint()
 def test_on_cpu_deepspeed_is_bounded_by_the_hosts_ram_not_the_stand_in_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(autotune.tuning, "_has_cuda", lambda: False)
-    monkeypatch.setattr(autotune.tuning, "_host_memory_bytes", lambda: 24 * 2**30)
+    monkeypatch.setattr(autotune.job, "_has_cuda", lambda: False)
+    monkeypatch.setattr(autotune.job, "_host_memory_bytes", lambda: 24 * 2**30)
 
     def job(engine: str, **config: Any) -> TuningJob:
         settings = {"train_micro_batch_size_per_gpu": 2, "autotuning": {"engine": engine}}

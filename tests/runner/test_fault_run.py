@@ -11,8 +11,9 @@ from rich.console import Console
 
 from autotune.config import load_config
 from autotune.display import print_report
+from autotune.job import TuningJob
 from autotune.runner.ray_runner import RayRunner
-from autotune.tuning import TuningJob, tune
+from autotune.tuning import tune
 
 pytestmark = pytest.mark.ray
 

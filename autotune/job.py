@@ -1,0 +1,226 @@
+"""A tuning job: what to tune and where its results live, and what is known before it runs.
+
+:class:`TuningJob` holds the job; :func:`check_job` and :func:`workload_model_info` check and
+profile it before any experiment, and :func:`experiment_spec` turns one of the tuner's
+candidates into the experiment a runner runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import Config, EngineName, parse_size
+from autotune.config.overrides import as_client_reads
+from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
+from autotune.engines import installed_deepspeed
+from autotune.experiment import ExperimentResult, ExperimentSpec
+from autotune.results import ResultsDir
+from autotune.script import ScriptTarget
+from autotune.tuner import Candidate
+
+if TYPE_CHECKING:
+    from autotune.profiling.model_info import ModelInfo
+
+
+@dataclass(frozen=True)
+class TuningJob:
+    """What to tune and where to keep the results.
+
+    Attributes:
+        config: the user's config (search lists and ``autotuning`` section included); the
+            world size, profile window, timeout and seed of every experiment are its.
+        workload: a built-in workload name or ``package.module:function``.
+        workload_args: the workload's keyword arguments.
+        results_dir: where results live; the same directory resumes. None: the config's
+            ``autotuning.results_dir``.
+        device_memory_bytes: per-rank memory budget (None: the config's, else the device's).
+        overwrite: discard a previous run's results in ``results_dir``.
+        cpus_per_rank: cores (torch threads) each rank gets.
+        script: script mode: the user's training script, run instead of ``workload``.
+        started_s: the ``time.monotonic()`` reading ``autotuning.time_budget_s`` counts from
+            (the CLI: the command's start, so the cluster's start-up counts); None: when
+            :func:`tune` starts.
+    """
+
+    config: Config
+    workload: str = DEFAULT_WORKLOAD
+    workload_args: Mapping[str, Any] = field(default_factory=dict)
+    results_dir: Path | None = None
+    device_memory_bytes: int | None = None
+    overwrite: bool = False
+    cpus_per_rank: int = DEFAULT_CPUS_PER_RANK
+    script: ScriptTarget | None = None
+    started_s: float | None = None
+
+    @property
+    def results_path(self) -> Path:
+        """Where results live: ``results_dir``, else the config's ``autotuning.results_dir``."""
+        if self.results_dir is not None:
+            return Path(self.results_dir)
+        return Path(self.config.autotuning.results_dir)
+
+    @property
+    def label(self) -> str:
+        """What is tuned, for summaries: the workload, or the script."""
+        return self.script.label if self.script is not None else self.workload
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    @property
+    def memory_budget(self) -> int | None:
+        """The per-rank budget: the flag's, else the config's, else on a machine without a GPU:
+
+        - built-in engine: a default that stands in for a device. The engine enforces it, so
+          the tuner meets out-of-memory boundaries instead of growing micro-batches until the
+          host runs out of RAM.
+        - DeepSpeed: the host's RAM shared among the ranks. DeepSpeed enforces no budget, and
+          its CPU peak is the whole process's resident set. Set against the stand-in, that
+          peak (libraries included) made every size look over the limit. The search then
+          climbed one micro-batch at a time.
+        """
+        budget = self.device_memory_bytes or self.config.device_memory_bytes
+        if budget is None and not _has_cuda():
+            if self.config.autotuning.engine is EngineName.deepspeed:
+                budget = _host_memory_bytes() // self.world_size
+            else:
+                budget = parse_size(DEFAULT_CPU_DEVICE_MEMORY)
+        return budget
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What makes two runs the same job (``tuned``) and what merely ran it (``versions``).
+
+        The ``autotuning`` section is left out of ``tuned``, except the profile window:
+        raising ``tuner_num_trials`` or changing the metric continues a run, while changing
+        how experiments are measured starts a different one.
+        """
+        import torch
+
+        import autotune
+
+        base = self.config.to_dict()
+        tuning = base.pop("autotuning", {})
+        window = {k: tuning[k] for k in ("start_profile_step", "end_profile_step") if k in tuning}
+        # A script is the same job while its file, arguments and arg mappings are the same.
+        target: dict[str, Any] = (
+            {"script": self.script.fingerprint()}
+            if self.script is not None
+            else {"workload": self.workload, "workload_args": dict(self.workload_args)}
+        )
+        return {
+            "tuned": {
+                **target,
+                "world_size": self.world_size,
+                "device_memory_bytes": self.memory_budget,
+                "base_config": base,
+                "profile_window": window,
+                # Left out for the built-in engine, so its earlier results still resume.
+                **(
+                    {"engine": tuning["engine"]}
+                    if tuning.get("engine", "builtin") != "builtin"
+                    else {}
+                ),
+            },
+            "versions": {
+                "autotune": autotune.__version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+            },
+        }
+
+
+def check_job(job: TuningJob) -> None:
+    """What can be checked before anything starts (Ray takes seconds): the workload builds
+    and runs a forward on the meta device, and the results directory can hold this job.
+
+    Raises:
+        WorkloadError: the workload spec or its arguments are unusable.
+        ResultsDirError / ResultsLockedError: the results directory cannot be used.
+        DeepSpeedUnavailable: the job measures on DeepSpeed, and none usable is installed.
+    """
+    from autotune.workloads import check_workload
+
+    if job.config.autotuning.engine is EngineName.deepspeed:
+        installed_deepspeed()
+    if job.script is None:
+        check_workload(job.workload, job.workload_args, seed=job.config.autotuning.seed)
+    ResultsDir.check(job.results_path, job.fingerprint(), overwrite=job.overwrite)
+
+
+def workload_model_info(job: TuningJob) -> ModelInfo:
+    """Profile the job's workload (sizes, activations, FLOPs) before any experiment.
+
+    Raises:
+        WorkloadError: the workload spec is unusable, or its model fails a real step.
+    """
+    from autotune.profiling.model_info import model_info
+    from autotune.workloads import WorkloadError, check_workload, resolve_workload
+
+    seed = job.config.autotuning.seed
+    check_workload(job.workload, job.workload_args, seed=seed)
+    try:
+        return model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
+    except WorkloadError:
+        raise
+    except Exception as err:  # the user's model failed a real forward/backward on CPU
+        raise WorkloadError(
+            f"workload {job.workload!r}: profiling one micro-batch failed: "
+            f"{type(err).__name__}: {err}"
+        ) from None
+
+
+def measured_model_info(history: list[ExperimentResult], world_size: int) -> ModelInfo | None:
+    """The model's info from the first of ``history`` that measured it (script mode)."""
+    from autotune.profiling.model_info import ModelInfo
+
+    for result in history:
+        info = ModelInfo.from_metrics(result.metrics, world_size)
+        if info is not None:
+            return info
+    return None
+
+
+def _host_memory_bytes() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def experiment_spec(
+    job: TuningJob,
+    candidate: Candidate,
+    flops_per_sample: float | None,
+    output_dir: str | None = None,
+) -> ExperimentSpec:
+    tuning = job.config.autotuning
+    client_config = None
+    if job.script is not None:  # the file the script reads instead of its own
+        client_config = as_client_reads(job.config.spec, candidate.overrides, candidate.ds_config)
+    return ExperimentSpec(
+        name=candidate.name,
+        ds_config=dict(candidate.ds_config),
+        workload=job.workload,
+        workload_args=dict(job.workload_args),
+        world_size=job.world_size,
+        start_profile_step=tuning.start_profile_step,
+        end_profile_step=tuning.end_profile_step,
+        timeout_s=tuning.timeout_s,
+        device_memory_bytes=job.memory_budget,
+        seed=tuning.seed,
+        flops_per_sample=flops_per_sample,
+        cpus_per_rank=job.cpus_per_rank,
+        script=job.script,
+        output_dir=output_dir,
+        client_config=client_config,
+        engine=tuning.engine.value,
+    )
