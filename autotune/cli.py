@@ -175,7 +175,7 @@ def run(
     from autotune.engines import DeepSpeedUnavailable
     from autotune.job import TuningJob, check_job
     from autotune.results import ResultsDirError, ResultsLockedError
-    from autotune.script import ScriptError, ScriptTarget
+    from autotune.script_target import ScriptError, ScriptTarget
     from autotune.tuning import tune
     from autotune.workloads import WorkloadError, parse_workload_args
 

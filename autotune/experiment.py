@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from autotune.script import ScriptTarget
+from autotune.script_target import ScriptTarget
 
 # An experiment's config in its folder, as the experiment's code reads it (config_read).
 CONFIG_NAME = "ds_config.json"

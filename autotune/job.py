@@ -20,7 +20,7 @@ from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, 
 from autotune.engines import installed_deepspeed
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
-from autotune.script import ScriptTarget
+from autotune.script_target import ScriptTarget
 from autotune.tuner import Candidate
 
 if TYPE_CHECKING:

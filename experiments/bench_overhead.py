@@ -42,7 +42,7 @@ from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner import combine_outcomes, free_port, run_rank
 from autotune.runner.outcome import RankOutcome
 from autotune.runner.process import utc_now
-from autotune.script import ScriptTarget
+from autotune.script_target import ScriptTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = {

@@ -51,7 +51,7 @@ from autotune.engines import installed_deepspeed
 from autotune.experiment import ExperimentSpec
 from autotune.results import load_results
 from autotune.runner import LocalRunner
-from autotune.script import ScriptTarget
+from autotune.script_target import ScriptTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "ds_train_gpt.py"

@@ -12,7 +12,7 @@ import pytest
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.job import TuningJob
-from autotune.script import ScriptError, ScriptTarget
+from autotune.script_target import ScriptError, ScriptTarget
 from autotune.tuning import tune
 
 MAPPINGS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"}

@@ -12,7 +12,7 @@ from autotune.config.keys import get_key
 from autotune.experiment import ExperimentResult, Status, Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError
-from autotune.script import ScriptTarget
+from autotune.script_target import ScriptTarget
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import ranking
 

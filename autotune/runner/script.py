@@ -42,7 +42,7 @@ from autotune.profiling.window import StepTimer
 from autotune.runner import deepspeed_engine
 from autotune.runner.outcome import RankOutcome
 from autotune.runner.process import torchrun_env
-from autotune.script import ScriptTarget
+from autotune.script_target import ScriptTarget
 
 
 class WindowDone(BaseException):

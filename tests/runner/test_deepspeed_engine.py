@@ -26,7 +26,7 @@ from autotune.config import load_config
 from autotune.job import TuningJob
 from autotune.results import load_results
 from autotune.runner.deepspeed_engine import STALE_AGE_S, clear_leftovers
-from autotune.script import ScriptTarget
+from autotune.script_target import ScriptTarget
 from tests.deepspeed_installed import needs_deepspeed
 
 SCRIPT = Path(__file__).with_name("ds_script.py")
