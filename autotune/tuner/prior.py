@@ -13,7 +13,8 @@ predicted slower, and variants that tie keep stage order: a higher stage must fi
 micro-batch to come first, as in DeepSpeed's own autotuner, which climbs the stages only
 while that pays. The ratio of compute speed to bandwidth is not known before running, so the
 prior takes a typical one; it only orders the variants (which to search first), so it need
-not be exact.
+not be exact. Once sizes are measured, the prior that a larger micro-batch amortizes more
+decides close calls between them (:func:`best_micro_batch`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import random
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from autotune.config import Metric, TunerType
+from autotune.config import AutotuningConfig, Metric, TunerType
+from autotune.tuner.ledger import Ledger
+from autotune.tuner.ranking import rank
 from autotune.tuner.samplers import DEFER_BEHIND
 
 if TYPE_CHECKING:
@@ -97,3 +100,28 @@ def largest_micro_batch_stands(largest: float, best: float, metric: Metric) -> b
     if metric.lower_is_better:
         return largest * (1 - DEFER_BEHIND) <= best
     return largest >= (1 - DEFER_BEHIND) * best
+
+
+def best_micro_batch(plan: VariantPlan, ledger: Ledger, tuning: AutotuningConfig) -> int | None:
+    """The best of the sizes the micro-batch phase compared for ``plan``'s variant (not of
+    the memory search's); with ``model_based``, the largest fit unless a smaller size beat it
+    by more than the noise (:func:`largest_micro_batch_stands`)."""
+    largest = ledger.largest_fit(plan.variant)
+    if largest is None:
+        return None
+    runs = ledger.runs_of(plan.variant)
+    compared = [runs[s] for s in plan.compared_sizes(largest) if s in runs]
+    metric = tuning.metric
+    ranking = rank(compared, metric)
+    if not ranking:
+        return None
+    best = ledger.entries[ranking[0].name].micro_batch_size
+    if TunerType(tuning.tuner_type) is TunerType.model_based:
+        # The ZeRO model's prior: a larger micro-batch amortizes the step's fixed costs, so
+        # the largest fit stands unless a smaller one beat it by more than the noise.
+        at_largest = next((r for r in ranking if r.name == runs[largest].name), None)
+        if at_largest is not None and largest_micro_batch_stands(
+            at_largest.value, ranking[0].value, metric
+        ):
+            return largest
+    return best

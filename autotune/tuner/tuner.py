@@ -58,9 +58,9 @@ from autotune.tuner.budget import TimeBudget
 from autotune.tuner.candidate import PHASES, Candidate, Phase
 from autotune.tuner.ledger import Entry, Ledger
 from autotune.tuner.naming import split_repeat
-from autotune.tuner.prior import largest_micro_batch_stands, variant_order
+from autotune.tuner.prior import best_micro_batch, variant_order
 from autotune.tuner.probe import failed_sizes_bound, probe_size
-from autotune.tuner.ranking import rank, score
+from autotune.tuner.ranking import score
 from autotune.tuner.remeasure import Remeasurement
 from autotune.tuner.samplers import Point, Sampler, Subspace, make_sampler
 from autotune.tuner.space import (
@@ -180,21 +180,8 @@ class Tuner:
         Several candidates may be in flight at once; a phase ends only once all its results
         are in, so None with candidates pending means "tell me something first".
         """
-        if self._budget.spent and self._phase is not Phase.done:
-            self._finish(f"{self._budget.reason} spent")
-        if self._phase is not Phase.done and (error := self._bounds.same_failure()) is not None:
-            self._finish(
-                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
-                f"(numbers aside), so every other would too: {error}"
-            )
-        if self._phase is not Phase.done and (steps := self._bounds.step_limit()) is not None:
-            window = self._tuning.end_profile_step
-            self._finish(
-                f"the script ends after {steps} optimizer steps whatever the micro-batch (a "
-                f"limit of its own, such as --max_steps, not its data), before "
-                f"end_profile_step ({window}): give it more steps or lower "
-                "autotuning.end_profile_step"
-            )
+        if self._phase is not Phase.done and (reason := self._run_end_reason()) is not None:
+            self._finish(reason)
         while self._phase is not Phase.done:
             name = self._next_name()
             if name is None:
@@ -355,7 +342,7 @@ class Tuner:
     def _favourite_knobs(self, plan: VariantPlan) -> str | None:
         """For the variant the prior favours: a few of its knob points at its best micro-batch
         (seeded random order), before the other variants are searched."""
-        size = self._best_micro_batch(plan)
+        size = best_micro_batch(plan, self._ledger, self._tuning)
         if size is None or not plan.knobs:
             return None
         points = Subspace(plan.variant.label, plan.knobs).points()
@@ -450,7 +437,7 @@ class Tuner:
     def _start_knob_phase(self) -> None:
         subspaces, names = [], {}
         for plan in self._space.plans:
-            size = self._best_micro_batch(plan)
+            size = best_micro_batch(plan, self._ledger, self._tuning)
             if size is None or not plan.knobs:
                 continue
             subspace = Subspace(
@@ -521,6 +508,24 @@ class Tuner:
         self._sampler, self._phase_points, self._point_names = None, {}, {}
         self._phase = Phase.remeasure
         self._remeasure.start()
+
+    def _run_end_reason(self) -> str | None:
+        """Why the whole run ends now, whatever phase it is in; None: it goes on."""
+        if self._budget.spent:
+            return f"{self._budget.reason} spent"
+        if (error := self._bounds.same_failure()) is not None:
+            return (
+                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
+                f"(numbers aside), so every other would too: {error}"
+            )
+        if (steps := self._bounds.step_limit()) is not None:
+            return (
+                f"the script ends after {steps} optimizer steps whatever the micro-batch (a "
+                f"limit of its own, such as --max_steps, not its data), before "
+                f"end_profile_step ({self._tuning.end_profile_step}): give it more steps or "
+                "lower autotuning.end_profile_step"
+            )
+        return None
 
     def _finish(self, reason: str) -> None:
         self._note_unreached(reason)
@@ -621,28 +626,6 @@ class Tuner:
 
     def _is_free(self, name: str) -> bool:
         return name not in self._ledger.results and name not in self._pending
-
-    def _best_micro_batch(self, plan: VariantPlan) -> int | None:
-        """The best of the sizes the micro-batch phase compared (not of the memory search's)."""
-        largest = self._ledger.largest_fit(plan.variant)
-        if largest is None:
-            return None
-        runs = self._ledger.runs_of(plan.variant)
-        compared = [runs[s] for s in plan.compared_sizes(largest) if s in runs]
-        metric = self._tuning.metric
-        ranking = rank(compared, metric)
-        if not ranking:
-            return None
-        best = self._ledger.entries[ranking[0].name].micro_batch_size
-        if TunerType(self._tuning.tuner_type) is TunerType.model_based:
-            # The ZeRO model's prior: a larger micro-batch amortizes the step's fixed costs, so
-            # the largest fit stands unless a smaller one beat it by more than the noise.
-            at_largest = next((r for r in ranking if r.name == runs[largest].name), None)
-            if at_largest is not None and largest_micro_batch_stands(
-                at_largest.value, ranking[0].value, metric
-            ):
-                return largest
-        return best
 
     def _entry(self, name: str) -> Entry | None:
         """The configuration ``name`` names, registering a micro-batch run told from history."""
