@@ -141,7 +141,7 @@ def test_one_walk_serves_dicts_objects_and_the_schema() -> None:
 
 
 def test_config_modules_import_one_another_in_one_direction() -> None:
-    # schema and loader once imported each other (inside functions, to dodge the cycle).
+    # The schema first, the loader last: a model never reaches back into what loads it.
     graph: dict[str, set[str]] = {}
     for path in CONFIG_PACKAGE.glob("*.py"):
         if path.stem == "__init__":
