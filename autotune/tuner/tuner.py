@@ -52,17 +52,18 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, TunerType
 from autotune.config.knobs import MICRO_BATCH_KEY
-from autotune.experiment import ExperimentResult, Status
+from autotune.experiment import ExperimentResult
 from autotune.tuner.bounds import SAME_FAILURE_LIMIT, Bounds
 from autotune.tuner.budget import TimeBudget
 from autotune.tuner.candidate import PHASES, Candidate, Phase
 from autotune.tuner.ledger import Entry, Ledger
 from autotune.tuner.naming import split_repeat
+from autotune.tuner.phase_search import PhaseSearch
 from autotune.tuner.prior import best_micro_batch, variant_order
 from autotune.tuner.probe import failed_sizes_bound, probe_size
 from autotune.tuner.ranking import score
 from autotune.tuner.remeasure import Remeasurement
-from autotune.tuner.samplers import Point, Sampler, Subspace, make_sampler
+from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import (
     TuningSpace,
     Variant,
@@ -143,9 +144,7 @@ class Tuner:
         self._owed: set[str] = set()  # proposed by an interrupted run, never finished
         self._pending: dict[str, Candidate] = {}
         self._phase = Phase.max_micro_batch
-        self._sampler: Sampler | None = None
-        self._phase_points: dict[str, Point] = {}  # name → point, for the sampler's phase
-        self._point_names: dict[Point, str] = {}
+        self._search: PhaseSearch | None = None  # the sampled phase's, while one runs
         self._stop_reason = ""
         self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
         self._budget = TimeBudget(self._ledger, self._tuning.time_budget_s, clock, started)
@@ -248,9 +247,8 @@ class Tuner:
                 self._proposed.append(result.name)
         self._ledger.record(result, self._entry(result.name))
         self._bounds.note(result.name)
-        point = self._phase_points.get(result.name)
-        if point is not None and self._sampler is not None:
-            self._tell_sampler(point, result)
+        if self._search is not None:
+            self._search.tell(result)
 
     def summary(self) -> TuningSummary:
         """What the run found so far (complete once ``finished``)."""
@@ -286,17 +284,16 @@ class Tuner:
             return None
         if self._phase is Phase.max_micro_batch:
             return self._next_owed_probe() or self._next_probe()
-        if self._sampler is None:  # nothing to tune in this phase
+        if self._search is None:  # nothing to tune in this phase
             return None
         # What an interrupted run had running comes first, as it would have finished first.
-        owed = (n for n in self._proposed if n in self._owed and n in self._phase_points)
+        owed = (n for n in self._proposed if n in self._owed and n in self._search)
         name = next((n for n in owed if self._is_free(n)), None)
         if name is not None:
             return name
         if self._patience_spent():  # until a result in flight brings a new best, if one does
             return None
-        point = self._sampler.ask(lambda p: self._is_open(self._point_names[p]))
-        return self._point_names[point] if point is not None else None
+        return self._search.ask(self._is_open)
 
     def _next_probe(self) -> str | None:
         """The next experiment of the search for each variant's largest micro-batch.
@@ -388,7 +385,7 @@ class Tuner:
             return ""
         if self._search_budget_spent():
             return f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
-        if self._sampler is not None and self._patience_spent():
+        if self._search is not None and self._patience_spent():
             return f"no better result in the last {self._tuning.tuner_early_stopping} experiments"
         return ""
 
@@ -399,7 +396,7 @@ class Tuner:
         if reason:
             self._stop_reason = reason
         self._note_unreached(reason or "the phase ended")
-        self._sampler, self._phase_points, self._point_names = None, {}, {}
+        self._search = None
         self._phase = PHASES[PHASES.index(self._phase) + 1]
         if self._phase is Phase.micro_batch:
             self._start_micro_batch_phase()
@@ -432,7 +429,7 @@ class Tuner:
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._register(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
-        self._start_sampler(subspaces, names)
+        self._start_search(subspaces, names)
 
     def _start_knob_phase(self) -> None:
         subspaces, names = [], {}
@@ -449,27 +446,15 @@ class Tuner:
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._register(plan.variant, size, point.values)
-        self._start_sampler(subspaces, names)
+        self._start_search(subspaces, names)
 
-    def _start_sampler(self, subspaces: list[Subspace], names: dict[Point, str]) -> None:
-        """Make the phase's sampler and tell it the results it already has (a resumed run)."""
+    def _start_search(self, subspaces: list[Subspace], names: dict[Point, str]) -> None:
         if not subspaces:
             return
         self._stop_reason = ""  # each search phase ends for its own reason
-        self._sampler = make_sampler(
-            self._tuning.tuner_type,
-            subspaces,
-            seed=self._tuning.seed + PHASES.index(self._phase),
-            storage=self._storage,
-            # The metric is in the name: a resumed run with another metric starts a new study
-            # instead of mixing the old objective's scores into the new one's model.
-            study_name=f"autotune-{self._tuning.metric.value}-{self._phase.value}",
+        self._search = PhaseSearch(
+            self._phase, subspaces, names, self._tuning, self._storage, self._ledger
         )
-        self._point_names = names
-        self._phase_points = {name: point for point, name in names.items()}
-        for name in self._ledger.order:
-            if name in self._phase_points:
-                self._tell_sampler(self._phase_points[name], self._ledger.results[name])
 
     def _next_repeat(self) -> str | None:
         """The first queued re-measurement not yet run that the time budget has room for;
@@ -499,13 +484,12 @@ class Tuner:
         reason = self._budget.reason
         if self._tuning.num_remeasure > 0:
             reason += ": the rest kept for re-measuring the best"
-        point = self._phase_points.get(name)
-        if point is not None and self._sampler is not None:
-            self._sampler.tell(point, None)
+        if self._search is not None:
+            self._search.drop(name)
         self._ended[name] = f"not run: {reason}"
         self._note_unreached(reason)
         self._stop_reason = reason
-        self._sampler, self._phase_points, self._point_names = None, {}, {}
+        self._search = None
         self._phase = Phase.remeasure
         self._remeasure.start()
 
@@ -529,11 +513,11 @@ class Tuner:
 
     def _finish(self, reason: str) -> None:
         self._note_unreached(reason)
-        self._phase, self._sampler, self._stop_reason = Phase.done, None, reason
+        self._phase, self._search, self._stop_reason = Phase.done, None, reason
 
     def _note_unreached(self, reason: str) -> None:
         """Why the current phase's configurations that never ran did not (for the summary)."""
-        for name in self._phase_points:
+        for name in self._search.points if self._search is not None else ():
             if name not in self._ledger.results and name not in self._pending:
                 self._ended.setdefault(name, f"not reached: {reason}")
 
@@ -547,9 +531,8 @@ class Tuner:
             ds_config = self._ds_config(entry.overrides)
         except ConfigError as err:
             self._pruned[name] = str(err)
-            point = self._phase_points.get(name)
-            if point is not None and self._sampler is not None:
-                self._sampler.tell(point, None)
+            if self._search is not None:
+                self._search.drop(name)
             return None
         return Candidate(
             name=name,
@@ -633,11 +616,6 @@ class Tuner:
             self._register(*self._size_names[name], ())
         return self._ledger.entries.get(name)
 
-    def _tell_sampler(self, point: Point, result: ExperimentResult) -> None:
-        assert self._sampler is not None
-        value = score(result.metrics, self._tuning.metric) if result.metrics and result.ok else None
-        self._sampler.tell(point, value, infeasible=result.status is Status.oom)
-
     def _search_budget_spent(self) -> bool:
         in_flight = sum(1 for c in self._pending.values() if c.repeat_of is None)
         spent = sum(1 for _ in self._ledger.search_results()) + in_flight
@@ -647,7 +625,7 @@ class Tuner:
         since = experiments_since_best(
             self._ledger,
             self._proposed,
-            self._phase_points,
+            self._search.points if self._search is not None else {},
             self._tuning.metric,
             knobs_later=self._phase is Phase.micro_batch,
         )

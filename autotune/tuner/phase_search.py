@@ -1,0 +1,73 @@
+"""A sampled search phase (the micro-batch sizes, then the knobs): the phase's sampler over its
+points, each point known by the name of the configuration it stands for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from autotune.config import AutotuningConfig
+from autotune.experiment import ExperimentResult, Status
+from autotune.tuner.candidate import PHASES, Phase
+from autotune.tuner.ledger import Ledger
+from autotune.tuner.ranking import score
+from autotune.tuner.samplers import Point, Subspace, make_sampler
+
+
+class PhaseSearch:
+    """The sampler of ``phase`` over ``subspaces``, told the results ``ledger`` already has
+    (a resumed run).
+
+    Args:
+        phase: the phase it searches (seeds the sampler and names its Optuna study).
+        subspaces: what it searches, per variant.
+        names: each point's configuration name.
+        tuning: the ``autotuning`` section (tuner type, seed, metric).
+        storage: the Optuna storage URL, or None (see :class:`~autotune.tuner.tuner.Tuner`).
+        ledger: what the tuner has seen.
+    """
+
+    def __init__(
+        self,
+        phase: Phase,
+        subspaces: Sequence[Subspace],
+        names: Mapping[Point, str],
+        tuning: AutotuningConfig,
+        storage: str | None,
+        ledger: Ledger,
+    ) -> None:
+        self._metric = tuning.metric
+        self._sampler = make_sampler(
+            tuning.tuner_type,
+            subspaces,
+            seed=tuning.seed + PHASES.index(phase),
+            storage=storage,
+            # The metric is in the name: a resumed run with another metric starts a new study
+            # instead of mixing the old objective's scores into the new one's model.
+            study_name=f"autotune-{tuning.metric.value}-{phase.value}",
+        )
+        self._names = dict(names)
+        self.points = {name: point for point, name in names.items()}  # name → point
+        for name in ledger.order:
+            self.tell(ledger.results[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.points
+
+    def ask(self, is_open: Callable[[str], bool]) -> str | None:
+        """The name of the next point the sampler picks among the open ones (None: none)."""
+        point = self._sampler.ask(lambda p: is_open(self._names[p]))
+        return self._names[point] if point is not None else None
+
+    def tell(self, result: ExperimentResult) -> None:
+        """Tell the sampler ``result``, if it is one of its points."""
+        point = self.points.get(result.name)
+        if point is None:
+            return
+        value = score(result.metrics, self._metric) if result.metrics and result.ok else None
+        self._sampler.tell(point, value, infeasible=result.status is Status.oom)
+
+    def drop(self, name: str) -> None:
+        """``name`` will never run (a rule rejects it, or the time left is too short)."""
+        point = self.points.get(name)
+        if point is not None:
+            self._sampler.tell(point, None)
