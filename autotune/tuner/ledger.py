@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.config import Metric
 from autotune.experiment import ExperimentResult
+from autotune.tuner.candidate import Candidate
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, rank, score
 from autotune.tuner.space import Variant
@@ -28,10 +29,12 @@ class Entry:
 
 
 class Ledger:
-    """The configurations (``entries``) and results (``results``, told in ``order``)."""
+    """The configurations (``entries``), the experiments in flight (``pending``) and the
+    results (``results``, told in ``order``)."""
 
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
+        self.pending: dict[str, Candidate] = {}
         self.results: dict[str, ExperimentResult] = {}
         self.order: list[str] = []  # names in the order they were told
         # Micro-batch runs at the config's own knobs, per variant: size → result.

@@ -56,7 +56,8 @@ from autotune.experiment import ExperimentResult
 from autotune.tuner.bounds import SAME_FAILURE_LIMIT, Bounds
 from autotune.tuner.budget import TimeBudget
 from autotune.tuner.candidate import PHASES, Candidate, Phase
-from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.catalog import Catalog
+from autotune.tuner.ledger import Ledger
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.phase_search import PhaseSearch
 from autotune.tuner.prior import best_micro_batch, variant_order
@@ -66,10 +67,8 @@ from autotune.tuner.remeasure import Remeasurement
 from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import (
     TuningSpace,
-    Variant,
     VariantPlan,
     build_space,
-    recommended_point,
 )
 from autotune.tuner.stopping import experiments_since_best
 from autotune.tuner.summary import TuningSummary, summarize
@@ -136,25 +135,23 @@ class Tuner:
             device_memory_bytes = config.device_memory_bytes
         self._device_memory_bytes = device_memory_bytes
         self._model_info = model_info
-        self._pruned: dict[str, str] = {}
         self._ledger = Ledger()
         self._bounds = Bounds(self._ledger)
         self._remeasure = Remeasurement(self._ledger, self._tuning, num_repeats)
         self._proposed: list[str] = []  # names in the order they were asked (or replayed)
         self._owed: set[str] = set()  # proposed by an interrupted run, never finished
-        self._pending: dict[str, Candidate] = {}
         self._phase = Phase.max_micro_batch
         self._search: PhaseSearch | None = None  # the sampled phase's, while one runs
         self._stop_reason = ""
         self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
         self._budget = TimeBudget(self._ledger, self._tuning.time_budget_s, clock, started)
-        # Every micro-batch run's name, of any variant searched with or without the model's size.
-        self._size_names: dict[str, tuple[Variant, int]] = {}
-        self._use_space(build_space(config, model_info, device_memory_bytes))
-        if model_info is not None and self._space.pruned:
+        space = build_space(config, model_info, device_memory_bytes)
+        self._catalog = Catalog(self._ledger, self._bounds, space)
+        self._order_variants(space)
+        if model_info is not None and space.pruned:
             # What a run that did not know the model yet may have tried (a script's first
             # experiments), so that their results, told from history, are ranked too.
-            self._add_size_names(build_space(config, None, device_memory_bytes))
+            self._catalog.add_size_names(build_space(config, None, device_memory_bytes))
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -165,7 +162,7 @@ class Tuner:
     @property
     def finished(self) -> bool:
         """True when nothing more will be proposed and nothing is in flight."""
-        return self._phase is Phase.done and not self._pending
+        return self._phase is Phase.done and not self._ledger.pending
 
     @property
     def elapsed_s(self) -> float:
@@ -184,7 +181,7 @@ class Tuner:
         while self._phase is not Phase.done:
             name = self._next_name()
             if name is None:
-                if self._pending:
+                if self._ledger.pending:
                     return None
                 self._advance()
                 continue
@@ -194,7 +191,7 @@ class Tuner:
                 continue
             if candidate is not None:
                 self._budget.asked()
-                self._pending[name] = candidate
+                self._ledger.pending[name] = candidate
                 if name in self._owed:  # keeps the place it was first proposed at
                     self._owed.discard(name)
                 else:
@@ -216,7 +213,9 @@ class Tuner:
         if self._model_info is not None:
             return
         self._model_info = model_info
-        self._use_space(build_space(self._config, model_info, self._device_memory_bytes))
+        space = build_space(self._config, model_info, self._device_memory_bytes)
+        self._catalog.use_space(space)
+        self._order_variants(space)
 
     def owe(self, name: str) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
@@ -239,13 +238,13 @@ class Tuner:
         """
         if result.name in self._ledger.results:
             return
-        if self._pending.pop(result.name, None) is None:
+        if self._ledger.pending.pop(result.name, None) is None:
             self._budget.replayed(result)
             if result.name in self._owed:
                 self._owed.discard(result.name)
             else:
                 self._proposed.append(result.name)
-        self._ledger.record(result, self._entry(result.name))
+        self._ledger.record(result, self._catalog.entry(result.name))
         self._bounds.note(result.name)
         if self._search is not None:
             self._search.tell(result)
@@ -254,7 +253,7 @@ class Tuner:
         """What the run found so far (complete once ``finished``)."""
         return summarize(
             self._ledger,
-            self._space,
+            self._catalog.space,
             self._tuning,
             not_run=self._not_run(),
             tuning_time_s=self.elapsed_s,
@@ -277,7 +276,7 @@ class Tuner:
         """The next name the current phase wants run, or None if it has nothing now."""
         if self._phase is Phase.remeasure:
             name = self._next_repeat()
-            if name is None and not self._pending and self._remeasure.extend():
+            if name is None and not self._ledger.pending and self._remeasure.extend():
                 name = self._next_repeat()
             return name
         if self._search_budget_spent():
@@ -288,12 +287,12 @@ class Tuner:
             return None
         # What an interrupted run had running comes first, as it would have finished first.
         owed = (n for n in self._proposed if n in self._owed and n in self._search)
-        name = next((n for n in owed if self._is_free(n)), None)
+        name = next((n for n in owed if self._catalog.is_free(n)), None)
         if name is not None:
             return name
         if self._patience_spent():  # until a result in flight brings a new best, if one does
             return None
-        return self._search.ask(self._is_open)
+        return self._search.ask(self._catalog.is_open)
 
     def _next_probe(self) -> str | None:
         """The next experiment of the search for each variant's largest micro-batch.
@@ -307,15 +306,15 @@ class Tuner:
         for plan in self._probe_plans:
             size = self._probe_size(plan)
             if size is not None:
-                name = self._register(plan.variant, size, ())
-                if self._is_free(name):
+                name = self._catalog.register(plan.variant, size, ())
+                if self._catalog.is_free(name):
                     return name
                 continue
             largest = self._ledger.largest_fit(plan.variant)
             if depth_first and largest is not None:
                 for compared in plan.compared_sizes(largest):
-                    name = self._register(plan.variant, compared, ())
-                    if self._is_open(name):
+                    name = self._catalog.register(plan.variant, compared, ())
+                    if self._catalog.is_open(name):
                         return name
                 favourite = self._favourite_knobs(plan) if plan is self._probe_plans[0] else None
                 if favourite is not None:
@@ -326,13 +325,17 @@ class Tuner:
         """A micro-batch probe an interrupted run had in flight, where the search it belongs
         to is still open: it goes first, as it would have finished first, even if the plan
         changed since it was proposed (the model's size learnt meanwhile)."""
-        plans = {plan.variant: plan for plan in self._space.plans}
+        plans = {plan.variant: plan for plan in self._catalog.space.plans}
         for name in self._proposed:
-            if name not in self._owed or name not in self._size_names or not self._is_free(name):
+            if (
+                name not in self._owed
+                or name not in self._catalog.size_names
+                or not self._catalog.is_free(name)
+            ):
                 continue
-            plan = plans.get(self._size_names[name][0])
+            plan = plans.get(self._catalog.size_names[name][0])
             if plan is None or self._probe_size(plan) is not None:
-                self._entry(name)
+                self._catalog.entry(name)
                 return name
         return None
 
@@ -344,18 +347,20 @@ class Tuner:
             return None
         points = Subspace(plan.variant.label, plan.knobs).points()
         random.Random(self._tuning.seed).shuffle(points)
-        recommended = self._recommended(plan)
+        recommended = self._catalog.recommended(plan)
         if recommended is not None:  # what practice recommends goes first
             points.remove(recommended)
             points.insert(0, recommended)
-        names = [self._register(plan.variant, size, p.values) for p in points[:FAVOURITE_KNOBS]]
+        names = [
+            self._catalog.register(plan.variant, size, p.values) for p in points[:FAVOURITE_KNOBS]
+        ]
         # Early stopping holds here too: no better than the variant's micro-batch runs after
         # ``tuner_early_stopping`` of them (in flight counting as no better) ends the burst.
         before = [r for r in self._ledger.runs_of(plan.variant).values() if r.ok]
         best = max(
             (score(r.metrics, self._tuning.metric) for r in before if r.metrics), default=None
         )
-        tried = [n for n in names if not self._is_free(n)]
+        tried = [n for n in names if not self._catalog.is_free(n)]
         improved = any(
             (r := self._ledger.results.get(n)) is not None
             and r.ok
@@ -365,18 +370,13 @@ class Tuner:
         )
         if not improved and len(tried) >= self._tuning.tuner_early_stopping:
             return None
-        return next((n for n in names if self._is_open(n)), None)
+        return next((n for n in names if self._catalog.is_open(n)), None)
 
     def _probe_size(self, plan: VariantPlan) -> int | None:
         """The next micro-batch in the search for ``plan``'s largest fit (see
         :func:`~autotune.tuner.probe.probe_size`), None once it is bracketed."""
         runs = self._ledger.runs_of(plan.variant)
         return probe_size(plan, runs, self._bounds.data_ceiling_size())
-
-    def _recommended(self, plan: VariantPlan) -> Point | None:
-        """The knob point practice recommends for ``plan`` (see :func:`recommended_point`)."""
-        values = recommended_point(plan.knobs, self._space.base)
-        return None if values is None else Point(plan.variant.label, values)
 
     def _phase_end_reason(self) -> str:
         """Why the phase that has nothing more to propose ended: a limit it reached, or ""
@@ -409,7 +409,7 @@ class Tuner:
 
     def _start_micro_batch_phase(self) -> None:
         subspaces, names = [], {}
-        for plan in self._space.plans:
+        for plan in self._catalog.space.plans:
             largest = self._ledger.largest_fit(plan.variant)
             if largest is None:
                 # Never run is not the same as nothing fits: the trial cap or the time budget
@@ -417,7 +417,7 @@ class Tuner:
                 reason = "not searched: the search ended first"
                 if plan.variant in self._ledger.size_runs:
                     reason = "no micro-batch ran ok"
-                self._pruned.setdefault(plan.variant.label, reason)
+                self._catalog.pruned.setdefault(plan.variant.label, reason)
                 continue
             # Largest first: the grid tries large micro-batches (usually fastest) first.
             sizes = plan.compared_sizes(largest)
@@ -428,12 +428,14 @@ class Tuner:
             )
             subspaces.append(subspace)
             for point in subspace.points():
-                names[point] = self._register(plan.variant, point.as_dict()[MICRO_BATCH_KEY], ())
+                names[point] = self._catalog.register(
+                    plan.variant, point.as_dict()[MICRO_BATCH_KEY], ()
+                )
         self._start_search(subspaces, names)
 
     def _start_knob_phase(self) -> None:
         subspaces, names = [], {}
-        for plan in self._space.plans:
+        for plan in self._catalog.space.plans:
             size = best_micro_batch(plan, self._ledger, self._tuning)
             if size is None or not plan.knobs:
                 continue
@@ -441,11 +443,11 @@ class Tuner:
                 plan.variant.label,
                 plan.knobs,
                 self._ledger.best_score(plan.variant, self._tuning.metric),
-                self._recommended(plan),
+                self._catalog.recommended(plan),
             )
             subspaces.append(subspace)
             for point in subspace.points():
-                names[point] = self._register(plan.variant, size, point.values)
+                names[point] = self._catalog.register(plan.variant, size, point.values)
         self._start_search(subspaces, names)
 
     def _start_search(self, subspaces: list[Subspace], names: dict[Point, str]) -> None:
@@ -460,7 +462,7 @@ class Tuner:
         """The first queued re-measurement not yet run that the time budget has room for;
         those it has no room for are noted and never run."""
         for name in self._remeasure.queue:
-            if not self._is_open_repeat(name) or name in self._ended:
+            if not self._catalog.is_open_repeat(name) or name in self._ended:
                 continue
             if self._fits_time_budget(name):
                 return name
@@ -518,7 +520,7 @@ class Tuner:
     def _note_unreached(self, reason: str) -> None:
         """Why the current phase's configurations that never ran did not (for the summary)."""
         for name in self._search.points if self._search is not None else ():
-            if name not in self._ledger.results and name not in self._pending:
+            if name not in self._ledger.results and name not in self._ledger.pending:
                 self._ended.setdefault(name, f"not reached: {reason}")
 
     # --- bookkeeping --------------------------------------------------------------------------
@@ -530,7 +532,7 @@ class Tuner:
         try:
             ds_config = self._ds_config(entry.overrides)
         except ConfigError as err:
-            self._pruned[name] = str(err)
+            self._catalog.pruned[name] = str(err)
             if self._search is not None:
                 self._search.drop(name)
             return None
@@ -547,11 +549,8 @@ class Tuner:
         ds_config.pop("autotuning", None)
         return ds_config
 
-    def _use_space(self, space: TuningSpace) -> None:
-        """Search ``space`` from now on (see :meth:`learn_model`)."""
-        self._space = space
-        self._pruned.update(space.pruned)
-        self._add_size_names(space)
+    def _order_variants(self, space: TuningSpace) -> None:
+        """The order ``space``'s variants are searched in (see :meth:`learn_model`)."""
         self._probe_plans = variant_order(
             space.plans,
             self._tuning.tuner_type,
@@ -559,65 +558,26 @@ class Tuner:
             self._model_info,
         )
 
-    def _add_size_names(self, space: TuningSpace) -> None:
-        for plan in space.plans:
-            for size in plan.ladder:
-                self._size_names.setdefault(
-                    self._name(plan.variant, size, ()), (plan.variant, size)
-                )
-                if not plan.halving:  # sizes the user listed are candidates, each accounted for
-                    self._register(plan.variant, size, ())
-
-    def _register(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
-        name = self._name(variant, size, knobs)
-        if name not in self._ledger.entries:
-            overrides = self._space.overrides(variant, size, dict(knobs))
-            self._ledger.entries[name] = Entry(variant, size, knobs, overrides)
-            self._bounds.note(name)
-        return name
-
-    def _name(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
-        return self._space.name(self._space.overrides(variant, size, dict(knobs)))
-
     def _not_run(self) -> dict[str, str]:
         """Every variant, bound and configuration the tuner considered and did not run, with
         the reason: pruned (memory estimate, an ``oom`` below it, the data bound, a config
         rule), or not reached (the phase or the run ended first, and why)."""
         explained = {
-            **self._pruned,
-            **failed_sizes_bound(self._space.plans, self._ledger),
+            **self._catalog.pruned,
+            **failed_sizes_bound(self._catalog.space.plans, self._ledger),
             **self._bounds.pruned(),
         }
         ended = f"not reached: the search ended first ({self._stop_reason or 'search complete'})"
         for name, entry in self._ledger.entries.items():
-            if name in self._ledger.results or name in self._pending or name in explained:
+            if name in self._ledger.results or name in self._ledger.pending or name in explained:
                 continue
-            explained[name] = self._ended.get(name) or self._pruned.get(entry.variant.label, ended)
+            explained[name] = self._ended.get(name) or self._catalog.pruned.get(
+                entry.variant.label, ended
+            )
         return explained
 
-    def _is_open(self, name: str) -> bool:
-        """Not run, not in flight, not pruned."""
-        return (
-            self._is_free(name)
-            and name not in self._pruned
-            and not self._bounds.oom_pruner(name)
-            and not self._bounds.data_pruner(name)
-        )
-
-    def _is_open_repeat(self, name: str) -> bool:
-        return self._is_free(name) and name not in self._pruned
-
-    def _is_free(self, name: str) -> bool:
-        return name not in self._ledger.results and name not in self._pending
-
-    def _entry(self, name: str) -> Entry | None:
-        """The configuration ``name`` names, registering a micro-batch run told from history."""
-        if name not in self._ledger.entries and name in self._size_names:
-            self._register(*self._size_names[name], ())
-        return self._ledger.entries.get(name)
-
     def _search_budget_spent(self) -> bool:
-        in_flight = sum(1 for c in self._pending.values() if c.repeat_of is None)
+        in_flight = sum(1 for c in self._ledger.pending.values() if c.repeat_of is None)
         spent = sum(1 for _ in self._ledger.search_results()) + in_flight
         return spent >= self._tuning.tuner_num_trials
 
