@@ -11,16 +11,29 @@ apart. Only an ``oom`` (or the script running out of data) bounds the search fro
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Container, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from autotune.config import AutotuningConfig, TunerType
 from autotune.experiment import ExperimentResult, Status
+from autotune.tuner.bounds import Bounds
+from autotune.tuner.catalog import Catalog
 from autotune.tuner.ledger import Ledger
-from autotune.tuner.space import VariantPlan
+from autotune.tuner.prior import best_micro_batch, variant_order
+from autotune.tuner.ranking import score
+from autotune.tuner.samplers import Subspace
+from autotune.tuner.space import TuningSpace, VariantPlan
+
+if TYPE_CHECKING:
+    from autotune.profiling.model_info import ModelInfo
 
 # Errors and timeouts the search for a variant's largest micro-batch steps over on the default
 # ladder before it stops: they say nothing about memory, and a failure at every size above
 # some point would otherwise be tried size by size. A list the user wrote runs whole.
 MAX_FAILED_SIZES = 3
+# Knob points model_based tries on its favourite variant before searching the others.
+FAVOURITE_KNOBS = 8
 
 
 def probe_size(
@@ -145,3 +158,111 @@ def memory_guess(plan: VariantPlan, runs: Mapping[int, ExperimentResult]) -> int
     if slope <= 0:
         return None
     return size + int((plan.estimate.budget_bytes - peak) // slope)
+
+
+class SizeSearch:
+    """The ``max_micro_batch`` phase's proposals: the next size of each variant's search, the
+    variants in the order the tuner type puts them (:func:`~autotune.tuner.prior.variant_order`,
+    set by :meth:`order`).
+
+    Args:
+        catalog: the configurations by name.
+        ledger: what the tuner has seen.
+        bounds: what failures prune (the data bound ends every variant's search alike).
+        tuning: the ``autotuning`` section.
+    """
+
+    def __init__(
+        self, catalog: Catalog, ledger: Ledger, bounds: Bounds, tuning: AutotuningConfig
+    ) -> None:
+        self._catalog = catalog
+        self._ledger = ledger
+        self._bounds = bounds
+        self._tuning = tuning
+        self._plans: list[VariantPlan] = []
+
+    def order(self, space: TuningSpace, model_info: ModelInfo | None) -> None:
+        """Search ``space``'s variants from now on, in the tuner type's order."""
+        self._plans = variant_order(
+            space.plans, self._tuning.tuner_type, self._tuning.seed, model_info
+        )
+
+    def size(self, plan: VariantPlan) -> int | None:
+        """The next micro-batch in the search for ``plan``'s largest fit (see
+        :func:`probe_size`), None once it is bracketed."""
+        runs = self._ledger.runs_of(plan.variant)
+        return probe_size(plan, runs, self._bounds.data_ceiling_size())
+
+    def next(self) -> str | None:
+        """The next experiment of the search for each variant's largest micro-batch.
+
+        Variants in order; one whose next size is in flight lets the next variant go
+        meanwhile. ``model_based`` goes depth first: once a variant's largest fit is known it
+        runs the sizes the micro-batch phase would compare for it before searching the next
+        variant, so that the variant the prior favours is measured whole early.
+        """
+        depth_first = TunerType(self._tuning.tuner_type) is TunerType.model_based
+        for plan in self._plans:
+            size = self.size(plan)
+            if size is not None:
+                name = self._catalog.register(plan.variant, size, ())
+                if self._catalog.is_free(name):
+                    return name
+                continue
+            largest = self._ledger.largest_fit(plan.variant)
+            if depth_first and largest is not None:
+                for compared in plan.compared_sizes(largest):
+                    name = self._catalog.register(plan.variant, compared, ())
+                    if self._catalog.is_open(name):
+                        return name
+                favourite = self._favourite_knobs(plan) if plan is self._plans[0] else None
+                if favourite is not None:
+                    return favourite
+        return None
+
+    def next_owed(self, proposed: Iterable[str], owed: Container[str]) -> str | None:
+        """A micro-batch probe an interrupted run had in flight (``owed``, among those
+        ``proposed``), where the search it belongs to is still open: it goes first, as it would
+        have finished first, even if the plan changed since it was proposed (the model's size
+        learnt meanwhile)."""
+        catalog = self._catalog
+        plans = {plan.variant: plan for plan in catalog.space.plans}
+        for name in proposed:
+            if name not in owed or name not in catalog.size_names or not catalog.is_free(name):
+                continue
+            plan = plans.get(catalog.size_names[name][0])
+            if plan is None or self.size(plan) is not None:
+                catalog.entry(name)
+                return name
+        return None
+
+    def _favourite_knobs(self, plan: VariantPlan) -> str | None:
+        """For the variant the prior favours: a few of its knob points at its best micro-batch
+        (seeded random order), before the other variants are searched."""
+        size = best_micro_batch(plan, self._ledger, self._tuning)
+        if size is None or not plan.knobs:
+            return None
+        points = Subspace(plan.variant.label, plan.knobs).points()
+        random.Random(self._tuning.seed).shuffle(points)
+        recommended = self._catalog.recommended(plan)
+        if recommended is not None:  # what practice recommends goes first
+            points.remove(recommended)
+            points.insert(0, recommended)
+        register = self._catalog.register
+        names = [register(plan.variant, size, p.values) for p in points[:FAVOURITE_KNOBS]]
+        # Early stopping holds here too: no better than the variant's micro-batch runs after
+        # ``tuner_early_stopping`` of them (in flight counting as no better) ends the burst.
+        metric = self._tuning.metric
+        before = [r for r in self._ledger.runs_of(plan.variant).values() if r.ok]
+        best = max((score(r.metrics, metric) for r in before if r.metrics), default=None)
+        tried = [n for n in names if not self._catalog.is_free(n)]
+        improved = any(
+            (r := self._ledger.results.get(n)) is not None
+            and r.ok
+            and r.metrics is not None
+            and (best is None or score(r.metrics, metric) > best)
+            for n in tried
+        )
+        if not improved and len(tried) >= self._tuning.tuner_early_stopping:
+            return None
+        return next((n for n in names if self._catalog.is_open(n)), None)

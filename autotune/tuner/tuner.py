@@ -45,12 +45,11 @@ the model was learnt.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError, TunerType
+from autotune.config import Config, ConfigError
 from autotune.config.knobs import MICRO_BATCH_KEY
 from autotune.experiment import ExperimentResult
 from autotune.tuner.bounds import SAME_FAILURE_LIMIT, Bounds
@@ -60,25 +59,16 @@ from autotune.tuner.catalog import Catalog
 from autotune.tuner.ledger import Ledger
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.phase_search import PhaseSearch
-from autotune.tuner.prior import best_micro_batch, variant_order
-from autotune.tuner.probe import failed_sizes_bound, probe_size
-from autotune.tuner.ranking import score
+from autotune.tuner.prior import best_micro_batch
+from autotune.tuner.probe import SizeSearch, failed_sizes_bound
 from autotune.tuner.remeasure import Remeasurement
 from autotune.tuner.samplers import Point, Subspace
-from autotune.tuner.space import (
-    TuningSpace,
-    VariantPlan,
-    build_space,
-)
+from autotune.tuner.space import build_space
 from autotune.tuner.stopping import experiments_since_best
 from autotune.tuner.summary import TuningSummary, summarize
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
-
-
-# Knob points model_based tries on its favourite variant before searching the others.
-FAVOURITE_KNOBS = 8
 
 
 class Tuner:
@@ -147,7 +137,8 @@ class Tuner:
         self._budget = TimeBudget(self._ledger, self._tuning.time_budget_s, clock, started)
         space = build_space(config, model_info, device_memory_bytes)
         self._catalog = Catalog(self._ledger, self._bounds, space)
-        self._order_variants(space)
+        self._sizes = SizeSearch(self._catalog, self._ledger, self._bounds, self._tuning)
+        self._sizes.order(space, model_info)
         if model_info is not None and space.pruned:
             # What a run that did not know the model yet may have tried (a script's first
             # experiments), so that their results, told from history, are ranked too.
@@ -215,7 +206,7 @@ class Tuner:
         self._model_info = model_info
         space = build_space(self._config, model_info, self._device_memory_bytes)
         self._catalog.use_space(space)
-        self._order_variants(space)
+        self._sizes.order(space, model_info)
 
     def owe(self, name: str) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
@@ -282,7 +273,7 @@ class Tuner:
         if self._search_budget_spent():
             return None
         if self._phase is Phase.max_micro_batch:
-            return self._next_owed_probe() or self._next_probe()
+            return self._sizes.next_owed(self._proposed, self._owed) or self._sizes.next()
         if self._search is None:  # nothing to tune in this phase
             return None
         # What an interrupted run had running comes first, as it would have finished first.
@@ -293,90 +284,6 @@ class Tuner:
         if self._patience_spent():  # until a result in flight brings a new best, if one does
             return None
         return self._search.ask(self._catalog.is_open)
-
-    def _next_probe(self) -> str | None:
-        """The next experiment of the search for each variant's largest micro-batch.
-
-        Variants in ``_probe_plans`` order; one whose next size is in flight lets the next
-        variant go meanwhile. ``model_based`` goes depth first: once a variant's largest fit is
-        known it runs the sizes the micro-batch phase would compare for it before searching
-        the next variant, so that the variant the prior favours is measured whole early.
-        """
-        depth_first = TunerType(self._tuning.tuner_type) is TunerType.model_based
-        for plan in self._probe_plans:
-            size = self._probe_size(plan)
-            if size is not None:
-                name = self._catalog.register(plan.variant, size, ())
-                if self._catalog.is_free(name):
-                    return name
-                continue
-            largest = self._ledger.largest_fit(plan.variant)
-            if depth_first and largest is not None:
-                for compared in plan.compared_sizes(largest):
-                    name = self._catalog.register(plan.variant, compared, ())
-                    if self._catalog.is_open(name):
-                        return name
-                favourite = self._favourite_knobs(plan) if plan is self._probe_plans[0] else None
-                if favourite is not None:
-                    return favourite
-        return None
-
-    def _next_owed_probe(self) -> str | None:
-        """A micro-batch probe an interrupted run had in flight, where the search it belongs
-        to is still open: it goes first, as it would have finished first, even if the plan
-        changed since it was proposed (the model's size learnt meanwhile)."""
-        plans = {plan.variant: plan for plan in self._catalog.space.plans}
-        for name in self._proposed:
-            if (
-                name not in self._owed
-                or name not in self._catalog.size_names
-                or not self._catalog.is_free(name)
-            ):
-                continue
-            plan = plans.get(self._catalog.size_names[name][0])
-            if plan is None or self._probe_size(plan) is not None:
-                self._catalog.entry(name)
-                return name
-        return None
-
-    def _favourite_knobs(self, plan: VariantPlan) -> str | None:
-        """For the variant the prior favours: a few of its knob points at its best micro-batch
-        (seeded random order), before the other variants are searched."""
-        size = best_micro_batch(plan, self._ledger, self._tuning)
-        if size is None or not plan.knobs:
-            return None
-        points = Subspace(plan.variant.label, plan.knobs).points()
-        random.Random(self._tuning.seed).shuffle(points)
-        recommended = self._catalog.recommended(plan)
-        if recommended is not None:  # what practice recommends goes first
-            points.remove(recommended)
-            points.insert(0, recommended)
-        names = [
-            self._catalog.register(plan.variant, size, p.values) for p in points[:FAVOURITE_KNOBS]
-        ]
-        # Early stopping holds here too: no better than the variant's micro-batch runs after
-        # ``tuner_early_stopping`` of them (in flight counting as no better) ends the burst.
-        before = [r for r in self._ledger.runs_of(plan.variant).values() if r.ok]
-        best = max(
-            (score(r.metrics, self._tuning.metric) for r in before if r.metrics), default=None
-        )
-        tried = [n for n in names if not self._catalog.is_free(n)]
-        improved = any(
-            (r := self._ledger.results.get(n)) is not None
-            and r.ok
-            and r.metrics is not None
-            and (best is None or score(r.metrics, self._tuning.metric) > best)
-            for n in tried
-        )
-        if not improved and len(tried) >= self._tuning.tuner_early_stopping:
-            return None
-        return next((n for n in names if self._catalog.is_open(n)), None)
-
-    def _probe_size(self, plan: VariantPlan) -> int | None:
-        """The next micro-batch in the search for ``plan``'s largest fit (see
-        :func:`~autotune.tuner.probe.probe_size`), None once it is bracketed."""
-        runs = self._ledger.runs_of(plan.variant)
-        return probe_size(plan, runs, self._bounds.data_ceiling_size())
 
     def _phase_end_reason(self) -> str:
         """Why the phase that has nothing more to propose ended: a limit it reached, or ""
@@ -548,15 +455,6 @@ class Tuner:
         ds_config = self._config.with_overrides(overrides).to_dict()
         ds_config.pop("autotuning", None)
         return ds_config
-
-    def _order_variants(self, space: TuningSpace) -> None:
-        """The order ``space``'s variants are searched in (see :meth:`learn_model`)."""
-        self._probe_plans = variant_order(
-            space.plans,
-            self._tuning.tuner_type,
-            self._tuning.seed,
-            self._model_info,
-        )
 
     def _not_run(self) -> dict[str, str]:
         """Every variant, bound and configuration the tuner considered and did not run, with
