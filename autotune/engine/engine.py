@@ -41,7 +41,7 @@ from autotune.engine.partition import segment_rows
 from autotune.engine.schedulers import build_scheduler
 from autotune.engine.settings import ZeroSettings, check_supported, resolve_zero
 from autotune.engine.stage3 import _UnitRef
-from autotune.engine.stages import account_untrained, build_stage, param_groups
+from autotune.engine.stages import Placement, account_untrained, build_stage, param_groups
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SCHEDULER_ORDER_WARNINGS = r"(Detected call of .lr_scheduler\.step|Seems like .optimizer\.step)"
@@ -89,9 +89,8 @@ class ZeroEngine(nn.Module):
         self._activations = ActivationTracker(self.memory) if self.device.type == "cpu" else None
         account_untrained(module, trainable, self.memory)
 
-        built = build_stage(
-            module, trainable, self.zero, self.comm, self.memory, self.dtype, self.device
-        )
+        placement = Placement(self.zero, self.comm, self.memory, self.dtype, self.device)
+        built = build_stage(module, trainable, placement)
         self.params, self.layout, self.grads = built.params, built.layout, built.grads
         self.stage3, self._flat_params = built.stage3, built.flat_params
         if self._flat_params is not None and self._activations is not None:

@@ -23,6 +23,18 @@ from autotune.engine.settings import ZeroSettings
 from autotune.engine.stage3 import Stage3Limits, Stage3Params, plan_units
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What every part of a stage is built with: the ZeRO settings, the communicator, the
+    memory accounting, and the dtype and device the trained weights live in."""
+
+    zero: ZeroSettings
+    comm: Communicator
+    memory: MemoryTracker
+    dtype: torch.dtype
+    device: torch.device
+
+
 @dataclass
 class StageParts:
     """What building a ZeRO stage makes, for the engine to keep."""
@@ -86,30 +98,16 @@ def account_untrained(
     memory.add("params", sum(tensor_bytes(t) for t in [*frozen, *module.buffers()]))
 
 
-def build_stage(
-    module: nn.Module,
-    trainable: list[nn.Parameter],
-    zero: ZeroSettings,
-    comm: Communicator,
-    memory: MemoryTracker,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> StageParts:
-    """Lay ``trainable`` out for ``zero.stage``, with its gradients and this rank's pieces."""
-    if zero.stage < 3:
-        return _build_flat(trainable, zero, comm, memory, dtype, device)
-    return _build_stage3(module, trainable, zero, comm, memory, dtype, device)
+def build_stage(module: nn.Module, trainable: list[nn.Parameter], at: Placement) -> StageParts:
+    """Lay ``trainable`` out for ``at.zero.stage``, with its gradients and this rank's pieces."""
+    if at.zero.stage < 3:
+        return _build_flat(trainable, at)
+    return _build_stage3(module, trainable, at)
 
 
-def _build_flat(
-    trainable: list[nn.Parameter],
-    zero: ZeroSettings,
-    comm: Communicator,
-    memory: MemoryTracker,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> StageParts:
+def _build_flat(trainable: list[nn.Parameter], at: Placement) -> StageParts:
     """Stages 0-2: all parameters in one flat buffer, one segment per reduce bucket."""
+    zero, comm, memory = at.zero, at.comm, at.memory
     n = comm.world_size
     # Backward produces gradients roughly in reverse order of registration; laying the
     # buffer out that way lets the first buckets fill (and be sent) first.
@@ -118,7 +116,7 @@ def _build_flat(
     layout = FlatLayout.build(
         numels, group_by_numel(numels, zero.reduce_bucket_numel), n if zero.stage > 0 else 1
     )
-    flat = torch.zeros(layout.numel, dtype=dtype, device=device)
+    flat = torch.zeros(layout.numel, dtype=at.dtype, device=at.device)
     memory.add("params", tensor_bytes(flat))
     for param, view in zip(
         params, param_views(flat, layout, [p.shape for p in params]), strict=True
@@ -129,9 +127,7 @@ def _build_flat(
     grads: ReplicatedGrads | PartitionedGrads
     if zero.stage == 2:
         segments = range(len(layout.segments))
-        grads = _partitioned_grads(
-            layout, [range(s, s + 1) for s in segments], segments, zero, comm, memory, dtype, device
-        )
+        grads = _partitioned_grads(layout, [range(s, s + 1) for s in segments], segments, at)
     else:
         grads = ReplicatedGrads(
             params,
@@ -147,27 +143,18 @@ def _build_flat(
     return StageParts(params, owned, params_in, layout, grads, flat_params=flat)
 
 
-def _build_stage3(
-    module: nn.Module,
-    trainable: list[nn.Parameter],
-    zero: ZeroSettings,
-    comm: Communicator,
-    memory: MemoryTracker,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> StageParts:
+def _build_stage3(module: nn.Module, trainable: list[nn.Parameter], at: Placement) -> StageParts:
     """Stage 3: one segment per module's parameters, each rank keeping its chunks."""
+    zero, comm = at.zero, at.comm
     units, persistent = plan_units(module, set(trainable), zero.persistence_threshold)
     params = [p for unit in units for p in unit]
     layout = FlatLayout.build([p.numel() for p in params], [len(u) for u in units], comm.world_size)
     limits = Stage3Limits(zero.prefetch_numel, zero.max_live_numel, zero.max_reuse_distance)
-    stage3 = Stage3Params(module, units, persistent, layout, comm, memory, limits)
+    stage3 = Stage3Params(module, units, persistent, layout, comm, at.memory, limits)
     sizes = group_by_numel([s.numel for s in layout.segments], zero.reduce_bucket_numel)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     buckets = [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-    grads = _partitioned_grads(
-        layout, buckets, reversed(range(len(buckets))), zero, comm, memory, dtype, device
-    )
+    grads = _partitioned_grads(layout, buckets, reversed(range(len(buckets))), at)
     shard = stage3.shard
     owned = [shard[s.shard_offset : s.shard_offset + s.chunk] for s in layout.segments]
     params_in = _params_in_owned(layout, zero.stage, comm.rank)
@@ -178,24 +165,20 @@ def _partitioned_grads(
     layout: FlatLayout,
     buckets: Sequence[range],
     order: Iterable[int],
-    zero: ZeroSettings,
-    comm: Communicator,
-    memory: MemoryTracker,
-    dtype: torch.dtype,
-    device: torch.device,
+    at: Placement,
 ) -> PartitionedGrads:
     """Stages 2 and 3: gradient shards, ``buckets`` of segments reduced in ``order``."""
     return PartitionedGrads(
         layout,
-        comm,
-        memory,
-        dtype,
-        device,
+        at.comm,
+        at.memory,
+        at.dtype,
+        at.device,
         buckets=buckets,
         order=list(order),
-        scatter=zero.reduce_scatter,
-        contiguous=zero.contiguous_gradients,
-        overlap=zero.overlap_comm,
+        scatter=at.zero.reduce_scatter,
+        contiguous=at.zero.contiguous_gradients,
+        overlap=at.zero.overlap_comm,
     )
 
 
