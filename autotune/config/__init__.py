@@ -3,6 +3,7 @@
 Importable without torch.distributed or Ray.
 """
 
+from autotune.config.autotuning import AutotuningConfig, EngineName, TunerType
 from autotune.config.errors import ConfigError, ConfigWarning
 from autotune.config.json_file import read_json
 from autotune.config.knobs import KNOBS, SEARCHABLE_KEYS, Knob
@@ -11,22 +12,19 @@ from autotune.config.overrides import overlay, set_key
 from autotune.config.rules import resolve_batch_triad
 from autotune.config.schema import (
     AMPConfig,
-    AutotuningConfig,
     BF16Config,
     DeepSpeedConfig,
-    EngineName,
     FlopsProfilerConfig,
     FP16Config,
-    Metric,
     OffloadDevice,
     OffloadOptimizerConfig,
     OffloadParamConfig,
     OptimizerConfig,
     SchedulerConfig,
-    TunerType,
     ZeroConfig,
 )
 from autotune.config.sizes import format_size, parse_size
+from autotune.metric import Metric
 
 __all__ = [
     "KNOBS",

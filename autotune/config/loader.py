@@ -17,11 +17,12 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from autotune.config.errors import ConfigError, warn_once
+from autotune.config.fields import AUTO
 from autotune.config.json_file import read_json
 from autotune.config.keys import known_keys, model_field, submodel
 from autotune.config.overrides import overridden
 from autotune.config.rules import check_cross_field_rules, resolve_batch_triad
-from autotune.config.schema import AUTO, TRIAD, DeepSpeedConfig
+from autotune.config.schema import TRIAD, DeepSpeedConfig
 from autotune.config.search_space import extract_search_space, with_search_lists
 from autotune.config.validation import validate_section
 

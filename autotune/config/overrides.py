@@ -11,8 +11,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.config.fields import AUTO
 from autotune.config.keys import parent_of, spellings
-from autotune.config.schema import AUTO, TRIAD
+from autotune.config.schema import TRIAD
 
 
 def set_key(spec: dict[str, Any], dotted: str, value: Any) -> None:

@@ -13,99 +13,28 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     StrictBool,
     field_validator,
     model_validator,
 )
 
+from autotune.config.autotuning import AutotuningConfig
+from autotune.config.fields import (
+    AnyInt,
+    BoolOrAuto,
+    Interval,
+    NonNegativeFloat,
+    NonNegativeFloatOrAuto,
+    NonNegativeInt,
+    NonNegativeIntOrAuto,
+    OpenSection,
+    PositiveInt,
+    PositiveIntOrAuto,
+    Section,
+)
 from autotune.config.sizes import parse_size
-from autotune.metric import Metric
-
-AUTO = "auto"
-
-
-def _as_int(value: Any, minimum: int | None) -> int:
-    """JSON numbers as integers: ``5e8`` is fine when integral, ``True`` and ``2.5`` are not."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected an integer, got {value!r}")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"expected an integer, got {value!r}")
-        value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"must be >= {minimum}, got {value}")
-    return value
-
-
-def _int_validator(minimum: int | None, allow_auto: bool) -> BeforeValidator:
-    def check(value: Any) -> Any:
-        if allow_auto and value == AUTO:
-            return value
-        if isinstance(value, str):
-            expected = 'an integer or "auto"' if allow_auto else "an integer"
-            raise ValueError(f"expected {expected}, got {value!r}")
-        return _as_int(value, minimum)
-
-    return BeforeValidator(check)
-
-
-def _float_validator(minimum: float | None, allow_auto: bool) -> BeforeValidator:
-    def check(value: Any) -> Any:
-        if allow_auto and value == AUTO:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            expected = 'a number or "auto"' if allow_auto else "a number"
-            raise ValueError(f"expected {expected}, got {value!r}")
-        if minimum is not None and value < minimum:
-            raise ValueError(f"must be >= {minimum}, got {value}")
-        return float(value)
-
-    return BeforeValidator(check)
-
-
-def _bool_or_auto(value: Any) -> Any:
-    if value == AUTO or isinstance(value, bool):
-        return value
-    raise ValueError(f'expected true, false or "auto", got {value!r}')
-
-
-# Field types. "auto" is allowed exactly where DeepSpeed's documentation allows it.
-PositiveInt = Annotated[int, _int_validator(1, allow_auto=False)]
-NonNegativeInt = Annotated[int, _int_validator(0, allow_auto=False)]
-AnyInt = Annotated[int, _int_validator(None, allow_auto=False)]
-PositiveIntOrAuto = Annotated[int | Literal["auto"], _int_validator(1, allow_auto=True)]
-NonNegativeIntOrAuto = Annotated[int | Literal["auto"], _int_validator(0, allow_auto=True)]
-NonNegativeFloat = Annotated[float, _float_validator(0.0, allow_auto=False)]
-NonNegativeFloatOrAuto = Annotated[float | Literal["auto"], _float_validator(0.0, allow_auto=True)]
-AnyFloatOrAuto = Annotated[float | Literal["auto"], _float_validator(None, allow_auto=True)]
-BoolOrAuto = Annotated[bool | Literal["auto"], BeforeValidator(_bool_or_auto)]
-
-
-def _interval(value: Any) -> Any:
-    if isinstance(value, float) and value == float("inf"):
-        return value  # never: accelerate sets steps_per_print to infinity
-    return _as_int(value, 1)
-
-
-# A step interval, or infinity for never.
-Interval = Annotated[int | float, BeforeValidator(_interval)]
-
-
-class Section(BaseModel):
-    """A typed config section: unknown keys are errors, instances are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class OpenSection(BaseModel):
-    """A section whose extra keys are passed through to a library (e.g. apex AMP)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
-
 
 # --- optimizer ---------------------------------------------------------------------------------
 
@@ -419,81 +348,6 @@ class ZeroConfig(Section):
     @property
     def param_offload_device(self) -> OffloadDevice:
         return self.offload_param.device if self.offload_param is not None else OffloadDevice.none
-
-
-# --- autotuning --------------------------------------------------------------------------------
-
-
-class TunerType(str, enum.Enum):
-    gridsearch = "gridsearch"
-    random = "random"
-    model_based = "model_based"
-
-
-class EngineName(str, enum.Enum):
-    """Which engine measures each experiment: autotune's own, or the installed DeepSpeed."""
-
-    builtin = "builtin"
-    deepspeed = "deepspeed"
-
-
-def _lower(value: Any) -> Any:
-    return value.lower() if isinstance(value, str) else value
-
-
-class AutotuningConfig(Section):
-    """``autotuning``: DeepSpeed's documented keys and defaults, plus a few of autotune's own."""
-
-    enabled: StrictBool = False
-    results_dir: str = "autotuning_results"
-    exps_dir: str = "autotuning_exps"
-    overwrite: StrictBool = False
-    metric: Annotated[Metric, BeforeValidator(_lower)] = Metric.throughput
-    start_profile_step: PositiveInt = 3
-    end_profile_step: PositiveInt = 5
-    fast: StrictBool = True
-    max_train_batch_size: PositiveInt | None = None
-    min_train_batch_size: PositiveInt = 1
-    max_train_micro_batch_size_per_gpu: PositiveInt = 1024
-    min_train_micro_batch_size_per_gpu: PositiveInt = 1
-    mp_size: PositiveInt = 1
-    num_tuning_micro_batch_sizes: PositiveInt = 3
-    tuner_type: Annotated[TunerType, BeforeValidator(_lower)] = TunerType.model_based
-    engine: Annotated[EngineName, BeforeValidator(_lower)] = Field(
-        default=EngineName.builtin,
-        description="The engine each experiment is measured on: autotune's built-in ZeRO "
-        "engine, or the installed DeepSpeed's own (a config is tuned for the engine that "
-        "measured it).",
-    )
-    tuner_early_stopping: PositiveInt = 5
-    tuner_num_trials: PositiveInt = 50
-    arg_mappings: dict[str, str] | None = Field(
-        default=None,
-        description="Config key -> the training script's flag that must carry its value "
-        "(script mode), e.g. train_micro_batch_size_per_gpu -> --per_device_train_batch_size.",
-    )
-    model_info_path: str | None = None
-    # autotune's own keys (DeepSpeed has no equivalent).
-    timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit per experiment.")
-    time_budget_s: float | None = Field(
-        default=None,
-        gt=0,
-        description="The run's wall time, from the command's start: an experiment starts "
-        "only if it is expected to end within it with time left to stop the cluster, and the "
-        "search leaves room to re-measure its best.",
-    )
-    num_remeasure: NonNegativeInt = Field(
-        default=3, description="Top candidates re-measured before the best is declared."
-    )
-    seed: AnyInt = 0
-
-    @field_validator("arg_mappings")
-    @classmethod
-    def _trim_arg_mappings(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        # Real configs carry keys such as "train_micro_batch_size_per_gpu " (DeepSpeed trims).
-        if value is None:
-            return None
-        return {key.strip(): flag.strip() for key, flag in value.items()}
 
 
 # --- flops profiler and logging ----------------------------------------------------------------
