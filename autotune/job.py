@@ -22,6 +22,7 @@ from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
 from autotune.script_target import ScriptTarget
 from autotune.tuner import Candidate
+from autotune.tuner.hardware import Hardware, hardware_for_device
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
@@ -186,6 +187,16 @@ def measured_model_info(history: list[ExperimentResult], world_size: int) -> Mod
     return None
 
 
+def job_hardware() -> Hardware:
+    """What the ranks run on, as the cost model's starting point: the catalog entry of this
+    machine's GPU, or CPU ranks without one (a guess either way; the fit corrects it)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return hardware_for_device(None)
+    return hardware_for_device(torch.cuda.get_device_name())
+
+
 def _host_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
@@ -223,4 +234,5 @@ def experiment_spec(
         output_dir=output_dir,
         client_config=client_config,
         engine=tuning.engine.value,
+        stop_above_step_s=candidate.stop_above_step_s,
     )

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune.config.overrides import as_client_reads
 from autotune.experiment import ExperimentResult, ExperimentSpec
-from autotune.job import TuningJob, experiment_spec, measured_model_info, workload_model_info
+from autotune.job import (
+    TuningJob,
+    experiment_spec,
+    job_hardware,
+    measured_model_info,
+    workload_model_info,
+)
 from autotune.results import ResultsDir
 from autotune.summary_text import format_summary
 from autotune.tuner import Candidate, Tuner, TuningSummary
@@ -321,6 +327,7 @@ def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> _
         device_memory_bytes=job.memory_budget,
         storage=results.study_url,
         started=job.started_s,
+        hardware=job_hardware(),
     )
     history, owed, next_proposal = _replay(tuner, results)
     return _Replayed(tuner, history, owed, next_proposal)

@@ -144,7 +144,9 @@ class TableRunner:
         follows measured peak memory, which varies a little): memory grows with the
         micro-batch, so a size at or above one that failed fails too, and a size below one
         that ran gets its throughput interpolated (linearly, from the next smaller size that
-        ran, or from no throughput at size 0).
+        ran, or from no throughput at size 0). ``model_based`` may ask for knob values at a
+        micro-batch the table measured them at another size only (scaled as the config's own
+        knobs scale between the two sizes), or not at all (answered as the config's own).
         """
         base, _ = split_repeat(name)
         if base in self._configs:
@@ -166,6 +168,11 @@ class TableRunner:
             s: self._medians[other] for s, other in siblings.items() if other in self._medians
         }
         above = [s for s in measured if s > size]
+        plain = base[: match.end()]
+        if not above and plain != base:
+            if not measured:  # knob values the table never measured: as the config's own
+                return self._lookup(plain)
+            return self._scaled_knobs(base, plain, size, measured, siblings)
         if not above:
             raise MissingMeasurement(f"the landscape has no measurement of {base}")
         high = min(above)
@@ -174,6 +181,26 @@ class TableRunner:
         low_value, high_value = measured.get(low, 0.0), measured[high]
         share = (size - low) / (high - low)
         return self._configs[siblings[high]], low_value + share * (high_value - low_value)
+
+    def _scaled_knobs(
+        self,
+        name: str,
+        plain: str,
+        size: int,
+        measured: Mapping[int, float],
+        siblings: Mapping[int, str],
+    ) -> tuple[Mapping[str, Any], float | None]:
+        """Knob values at a micro-batch the table measured them at another size only: the
+        nearest size's value, scaled as the config's own knobs scale between the two sizes
+        (and failing where they fail)."""
+        entry, value = self._lookup(plain)
+        if value is None:
+            return entry, None
+        nearest = min(measured, key=lambda s: (abs(s - size), s))
+        _, reference = self._lookup(_SIZE.sub(f"_mbs{nearest}", plain, count=1))
+        if reference is None:
+            raise MissingMeasurement(f"the landscape has no measurement of {name}")
+        return self._configs[siblings[nearest]], measured[nearest] * value / reference
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
         entry, median = self._lookup(spec.name)

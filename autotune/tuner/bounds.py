@@ -62,6 +62,11 @@ class Bounds:
             return None
         return floor
 
+    def oom_floor_size(self, variant: Variant, knobs: tuple[tuple[str, Any], ...]) -> int | None:
+        """The smallest micro-batch of ``variant`` with ``knobs`` that ran out of memory."""
+        floor = self._oom_floor.get((variant, knobs))
+        return None if floor is None else self._size(floor)
+
     def data_ceiling(self) -> str | None:
         """The run at the smallest micro-batch where the script ran out of data, above every
         size that ran ok (one that ran ok had data enough, whatever ended another run)."""

@@ -18,10 +18,20 @@ class Phase(str, enum.Enum):
     knobs = "knobs"
     remeasure = "remeasure"
     done = "done"
+    model = "model"  # model_based's one search phase (last, so the others keep their seeds)
 
 
-# The order the phases run in.
+# The order the phases run in: gridsearch and random sample each phase in turn; model_based
+# searches the whole space at once with its cost model (:mod:`autotune.tuner.model_search`).
 PHASES = list(Phase)
+SAMPLED_PHASES = (
+    Phase.max_micro_batch,
+    Phase.micro_batch,
+    Phase.knobs,
+    Phase.remeasure,
+    Phase.done,
+)
+MODEL_PHASES = (Phase.model, Phase.remeasure, Phase.done)
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,8 @@ class Candidate:
         ds_config: the concrete config to run (batch triad resolved, ``autotuning`` removed).
         phase: the phase that proposed it.
         repeat_of: for a re-measurement, the name of the original.
+        stop_above_step_s: the step time above which it cannot come within the tolerance of
+            the best so far: its window ends there (None: the whole window runs).
     """
 
     name: str
@@ -41,6 +53,7 @@ class Candidate:
     ds_config: Mapping[str, Any]
     phase: Phase
     repeat_of: str | None = None
+    stop_above_step_s: float | None = None
 
     @property
     def stage(self) -> int:

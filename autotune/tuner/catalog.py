@@ -43,13 +43,15 @@ class Catalog:
         names them); the sizes the user listed are registered, each accounted for."""
         for plan in space.plans:
             for size in plan.ladder:
-                self.size_names.setdefault(self._name(plan.variant, size, ()), (plan.variant, size))
+                self.size_names.setdefault(
+                    self.name_of(plan.variant, size, ()), (plan.variant, size)
+                )
                 if not plan.halving:
                     self.register(plan.variant, size, ())
 
     def register(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
         """The name of ``variant`` at micro-batch ``size`` with ``knobs``, in the ledger."""
-        name = self._name(variant, size, knobs)
+        name = self.name_of(variant, size, knobs)
         if name not in self._ledger.entries:
             overrides = self.space.overrides(variant, size, dict(knobs))
             self._ledger.entries[name] = Entry(variant, size, knobs, overrides)
@@ -84,5 +86,6 @@ class Catalog:
         """A re-measurement that may run: free, and no rule rejected it."""
         return self.is_free(name) and name not in self.pruned
 
-    def _name(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
+    def name_of(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
+        """The name of ``variant`` at micro-batch ``size`` with ``knobs``, not registered."""
         return self.space.name(self.space.overrides(variant, size, dict(knobs)))

@@ -18,6 +18,10 @@ from autotune.config import Metric
 from autotune.experiment import ExperimentResult, Metrics
 from autotune.tuner.naming import split_repeat
 
+# Configurations within 2% of each other are as good as each other: more experiments to tell
+# them apart do not pay, and an answer within 2% of the best is the answer.
+TOLERANCE = 0.02
+
 
 def score(metrics: Metrics, metric: Metric) -> float:
     """``metric`` oriented so that higher is better (latency is negated).
@@ -157,19 +161,22 @@ def rank(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
 
 def declared_order(ranked: list[Ranked]) -> list[Ranked]:
     """``ranked`` (best first by median) in the order a run declares it: once any
-    configuration was measured more than once, those come first and the first of them is
-    the best; a configuration measured once follows them, since one lucky measurement must
-    not be declared best over repeated ones.
+    configuration was measured more than once, the best of those comes first, since one
+    lucky measurement must not be declared best over repeated ones; the rest follow by
+    median.
 
     Example:
-        >>> ranked = [Ranked("lucky", 12, (12,), 0), Ranked("steady", 10, (10, 9, 11), 0)]
+        >>> ranked = [Ranked("lucky", 12, (12,), 0), Ranked("next", 11, (11,), 0),
+        ...           Ranked("steady", 10, (10, 9, 11), 0)]
         >>> [r.name for r in declared_order(ranked)]
-        ['steady', 'lucky']
+        ['steady', 'lucky', 'next']
     """
-    repeated = [r for r in ranked if r.num_measurements > 1]
-    if not repeated:
+    # Repeats the ranks saw disturbed count as repeats here: they were run again, and their
+    # values (lower bounds) rank only where nothing else does.
+    repeated = next((r for r in ranked if r.num_measurements + r.num_disturbed > 1), None)
+    if repeated is None:
         return list(ranked)
-    return repeated + [r for r in ranked if r.num_measurements == 1]
+    return [repeated, *(r for r in ranked if r is not repeated)]
 
 
 def ranking(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:

@@ -1,259 +1,349 @@
-"""The re-measurement phase: which configurations run again, how often, and the race.
+"""Re-measurement: only what could still change the answer.
 
-Step times vary up to ±50% run to run, so the best is declared on the median of repeats
-(``<name>_r1``, ``<name>_r2``, ...): the top ``num_remeasure`` configurations and every
-variant's best run again, round by round; then whatever the repeats show could still be the
-best earns repeats too, and the top race on while the gap between them is wider than the
-noise could explain.
+One measurement of a configuration varies run to run (the machine's noise: a few percent on
+a quiet machine, more on a shared one). Once the search ends, the best is declared on the
+evidence the run has, and an experiment is spent on a configuration only where another
+measurement could move the answer by more than :data:`~autotune.tuner.ranking.TOLERANCE`:
+
+1. The leader, measured once, is measured again: the best of many single measurements is
+   likely a lucky one, and its second measurement, taken last, also sees whether the machine
+   drifted since.
+2. A rival that could still be better than the leader by more than the tolerance, by more
+   than :data:`MAX_EXPECTED_LOSS` in expectation (the relative gap between their medians,
+   with the noise a median of that many measurements carries), earns a measurement, of
+   itself or of the leader (whichever has fewer). Rivals within noise that more measurements
+   could not tell apart cost nothing: the expected loss of declaring either is below the line
+   once each has two measurements, and the summary says the top are within noise of each
+   other (ties go to the lower peak memory, then the name).
+3. A configuration measured only while other processes competed for the ranks' cores
+   (``disturbed``: its value is too low) is measured once more, if it could be its variant's
+   best or a rival on a quiet machine: a busy minute must not decide a stage's standing.
+4. The control, the first configuration the search measured, is measured again every
+   :data:`CONTROL_EVERY` search experiments and at the end: where the machine changed under
+   the run unseen (a GPU's clocks, a slow start-up), it measures slower than its fastest by
+   more than the noise, and what was measured between its neighbouring measurements is
+   treated as in (3), measured until three measurements make its median the quiet
+   machine's.
+
+The noise is pooled from every configuration measured more than once, shrunk towards a prior
+guess (:func:`~autotune.tuner.cost_model.measurement_noise`). At most ``num_remeasure``
+configurations are re-measured for (2), each at most :data:`MAX_MEASUREMENTS` times.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable
 
 from autotune.config import AutotuningConfig
+from autotune.experiment import ExperimentResult
+from autotune.tuner.cost_model import measurement_noise, normal_cdf
 from autotune.tuner.ledger import Ledger
 from autotune.tuner.naming import repeat_name, split_repeat
-from autotune.tuner.ranking import (
-    Ranked,
-    could_be_better,
-    race_can_settle,
-    relative_noise,
-    score,
-)
-from autotune.tuner.space import Variant
+from autotune.tuner.ranking import TOLERANCE, Ranked, score
 
-# Re-measured configurations in all, as a multiple of num_remeasure (see Remeasurement.extend).
-MAX_REMEASURE_FACTOR = 2
-# The race among the re-measured (see Remeasurement._race): rounds beyond the fixed repeats,
-# how sure a drop-out must be (one-sided z), and the gap below which configurations count as
-# tied.
-MAX_RACE_ROUNDS = 4
-RACE_CONFIDENCE_Z = 1.64
-RACE_TOLERANCE = 0.02
+# A rival is worth another measurement while the expected share by which it beats the leader
+# beyond the tolerance is at least this.
+MAX_EXPECTED_LOSS = 0.005
+# Measurements of one configuration at most, its first included.
+MAX_MEASUREMENTS = 4
+
+# The control measured slower than its fastest by more than this many standard deviations of
+# a difference says the machine changed under the run, unseen.
+DRIFT_Z = 3.0
+MAX_DRIFT_NOISE = 0.06
+# The control is measured again after this many search experiments, and at the end if this
+# many ran since.
+CONTROL_EVERY = 8
+CONTROL_AT_END = 2
 # A profile window shorter than this measures the machine's jitter (on 2 CPU cores, windows
-# of 0.1 s varied by 36-162% run to run): such configurations are re-measured as usual but
-# never raced or let in by the noise, and the summary says to lengthen the window.
+# of 0.1 s varied by 36-162% run to run): such configurations are never raced, and the
+# summary says to lengthen the window.
 MIN_WINDOW_S = 0.5
 
 
+def expected_loss(leader: Ranked, rival: Ranked, noise: float, lower_is_better: bool) -> float:
+    """The expected share by which ``rival`` beats ``leader`` beyond the tolerance:
+    E[max(0, d - t)] for d, the log of how much better the rival is, ~ N(gap, se²) with se the
+    noise of the two medians (:func:`median_sd`), t = log(1 + tolerance).
+
+    Example:
+        >>> lead, tie = Ranked("a", 100, (100,), 0), Ranked("b", 100, (100,), 0)
+        >>> round(expected_loss(lead, tie, 0.03, False), 4)  # one measurement each: measure
+        0.0088
+        >>> lead2, tie2 = Ranked("a", 100, (99, 101), 0), Ranked("b", 100, (99, 101), 0)
+        >>> round(expected_loss(lead2, tie2, 0.03, False), 4)  # two each: a tie
+        0.0046
+    """
+    if leader.value <= 0 or rival.value <= 0:
+        return 0.0
+    gap = math.log(rival.value) - math.log(leader.value)
+    if lower_is_better:
+        gap = -gap
+    se = math.hypot(
+        median_sd(noise, leader.num_measurements), median_sd(noise, rival.num_measurements)
+    )
+    t = math.log(1 + TOLERANCE)
+    z = (gap - t) / se
+    density = math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return max(0.0, se * density + (gap - t) * normal_cdf(z))
+
+
+def median_sd(noise: float, count: int) -> float:
+    """How far the median of ``count`` measurements with relative noise ``noise`` wanders: the
+    mean's ``noise / sqrt(n)`` for one or two (their median is their mean), about 1.25 times
+    that from three on.
+
+    Example:
+        >>> [round(median_sd(0.1, n), 4) for n in (1, 2, 4)]
+        [0.1, 0.0707, 0.0625]
+    """
+    return noise / math.sqrt(count) * (1.25 if count >= 3 else 1.0)
+
+
 class Remeasurement:
-    """The queue of re-measurements (:attr:`queue`, names in the order to run), decided from
-    the results in ``ledger``.
+    """Decides the next re-measurement from the results in ``ledger`` (see the module
+    docstring); deterministic, so a resumed run decides alike.
 
     Args:
         ledger: what the tuner has seen.
         tuning: the ``autotuning`` section (metric, ``num_remeasure``).
-        num_repeats: re-measurements of each top configuration.
+        proposed: every name proposed so far, in order (the tuner's, kept up to date): the
+            control's timeline, the same however many experiments ran at once.
     """
 
-    def __init__(self, ledger: Ledger, tuning: AutotuningConfig, num_repeats: int) -> None:
+    def __init__(self, ledger: Ledger, tuning: AutotuningConfig, proposed: list[str]) -> None:
         self._ledger = ledger
         self._tuning = tuning
-        self._num_repeats = num_repeats
-        self.queue: list[str] = []
-        self._max_remeasured = 0  # configurations re-measured at most (see start)
+        self._proposed = proposed
 
-    def start(self) -> None:
-        """Queue the first re-measurements, round by round (every ``_r1``, then every
-        ``_r2``, so slow drift hits all alike): ``num_repeats`` each for the top
-        ``num_remeasure`` configurations and every variant's best, one check each for the
-        suspects (:meth:`_suspects`).
+    def noise(self) -> float:
+        """The relative noise of one measurement, from the repeats so far (the control's
+        left out: its spread is the machine's drift, which it is there to see)."""
+        control = self.control()
+        groups: dict[str, list[float]] = {}
+        for name, result in self._ledger.results.items():
+            base = split_repeat(name)[0]
+            if base != control and _quiet(result):
+                assert result.metrics is not None
+                groups.setdefault(base, []).append(result.metrics.latency)
+        return measurement_noise(groups.values())
 
-        Every variant's best is measured again, interleaved with its rivals, so no stage's
-        standing rests on one stretch of time: a stage whose search fell in a slow minute (a
-        neighbour's job, the cluster's start-up, a GPU's clocks) is measured again beside the
-        others.
-        """
-        limit = self._tuning.num_remeasure
-        if limit == 0:
-            return
-        ledger = self._ledger
-        # Only original measurements: replayed repeats must not change which ones are repeated.
-        ranking = ledger.ranked(
-            (ledger.results[n] for n in ledger.search_results()), self._tuning.metric
-        )
-        claims = [r.name for r in ranking[:limit]]
-        best_of: dict[Variant, Ranked] = {}
-        for ranked in ranking:
-            best_of.setdefault(ledger.entries[ranked.name].variant, ranked)
-        claims += [r.name for r in best_of.values() if r.name not in claims]
-        suspects = [n for n in self._suspects(ranking, best_of) if n not in claims]
-        # Those, and up to num_remeasure more that repeats show could still be the best.
-        self._max_remeasured = len(claims) + len(suspects) + limit
-        self.queue = [repeat_name(name, 1) for name in claims + suspects] + [
-            repeat_name(name, index) for index in range(2, self._num_repeats + 1) for name in claims
-        ]
-
-    def extend(self) -> bool:
-        """Queue more re-measurements once a round is done; True if any.
-
-        Repeats pull lucky first measurements down to their median, so a configuration
-        measured once can overtake them; and one measured unluckily low may trail the leader
-        by less than the noise the repeats show (:func:`could_be_better`). Either earns
-        repeats too, best first, up to ``num_remeasure`` more configurations, so the declared
-        best is one that was repeated, no single lucky measurement stands above it unchecked
-        and no single unlucky one rules a rival out. Then the race (:meth:`_race`).
-        """
-        limit = self._tuning.num_remeasure
-        repeated = {split_repeat(n)[0] for n in self.queue}
+    def confirmation(self, is_open: Callable[[str], bool]) -> str | None:
+        """The leader's second measurement (step 1 of the module docstring), or None: it
+        has more than one, nothing ran ok, or re-measuring is off."""
+        if self._tuning.num_remeasure == 0:
+            return None
         ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
-        contenders = ranking[:limit]
+        if not ranking or (ranking[0].num_measurements > 1 and not ranking[0].disturbed):
+            return None
+        return self._another(ranking[0].name, is_open)
+
+    def next(self, is_open: Callable[[str], bool]) -> str | None:
+        """The next re-measurement (``<name>_r<k>``) worth running, or None: the answer
+        stands. ``is_open`` says whether a name may still run (not pruned, not in flight)."""
+        if self._tuning.num_remeasure == 0:
+            return None
+        ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
+        if not ranking:
+            return None
+        wanted = [
+            self.confirmation(is_open),
+            self.control_due(is_open, every=CONTROL_AT_END),
+            *(self._another(name, is_open) for name in self._rescues(ranking)),
+            self._against_rivals(ranking, is_open),
+        ]
+        # One whose last measurement the ranks saw disturbed waits for the others: measured
+        # again at once, it would most likely meet the same busy machine.
+        candidates = [name for name in wanted if name is not None]
+        candidates.sort(key=lambda name: self._last_disturbed(split_repeat(name)[0]))
+        return candidates[0] if candidates else None
+
+    def _last_disturbed(self, name: str) -> bool:
+        last = None
+        for told in self._ledger.order:
+            if split_repeat(told)[0] == name:
+                last = self._ledger.results[told]
+        return last is not None and last.metrics is not None and last.metrics.disturbed
+
+    def _against_rivals(self, ranking: list[Ranked], is_open: Callable[[str], bool]) -> str | None:
+        """Step 2: the leader or the rival whose expected loss is largest, while any is at
+        least :data:`MAX_EXPECTED_LOSS`."""
         short = short_windows(self._ledger)
-        measurable = [r for r in ranking if r.name not in short]
-        noise = relative_noise([r for r in measurable if r.name in repeated])
-        if noise is not None and measurable:
-            contenders += [
-                r
-                for r in measurable
-                if r not in contenders
-                and could_be_better(
-                    measurable[0],
-                    r,
-                    noise,
-                    confidence_z=RACE_CONFIDENCE_Z,
-                    tolerance=RACE_TOLERANCE,
-                )
-            ]
-        newcomers = [r.name for r in contenders if r.name not in repeated]
-        newcomers = newcomers[: max(0, self._max_remeasured - len(repeated))]
-        self.queue += [
-            repeat_name(name, index)
-            for index in range(1, self._num_repeats + 1)
-            for name in newcomers
-        ]
-        if newcomers or self._promote(ranking):
-            return True
-        return self._race([r for r in ranking if r.name in repeated])
+        leader = ranking[0]
+        if leader.name in short:
+            return None
+        noise = self.noise()
+        lower = self._tuning.metric.lower_is_better
+        # The control's repeats are the machine's check, not a contender's.
+        remeasured = {n for n, c in self._counts().items() if c > 1} - {self.control()}
+        threats = sorted(
+            (
+                (expected_loss(leader, r, noise, lower), r)
+                for r in ranking[1:]
+                if r.name not in short and not r.disturbed
+            ),
+            key=lambda pair: -pair[0],
+        )
+        for loss, rival in threats:
+            if loss < MAX_EXPECTED_LOSS:
+                break
+            order = sorted((leader, rival), key=lambda r: (r.num_measurements, r is leader))
+            for ranked in order:
+                new = ranked.name not in remeasured
+                if new and len(remeasured - {leader.name}) >= self._tuning.num_remeasure:
+                    continue
+                if (name := self._another(ranked.name, is_open)) is not None:
+                    return name
+        return None
 
-    def _suspects(self, ranking: list[Ranked], best_of: Mapping[Variant, Ranked]) -> list[str]:
-        """Configurations whose standing within their variant a slow stretch may have hidden,
-        each measured once more: the variant's largest fit where a smaller size beat it (a
-        larger micro-batch amortises more: the first suspect of drift no rank could see), and
-        any measured only while other processes competed for the cores that could, had they
-        not, be its variant's best."""
-        ledger = self._ledger
-        suspects = []
-        for variant, best in best_of.items():
-            largest = ledger.largest_fit(variant)
-            if largest is not None and ledger.size_runs[variant][largest].name != best.name:
-                suspects.append(ledger.size_runs[variant][largest].name)
-        metric = self._tuning.metric
-        suspects += [
-            r.name
-            for r in ranking
-            if r.disturbed
-            and self._quiet_bound(r.name)
-            > metric.score(best_of[ledger.entries[r.name].variant].value)
-        ]
-        return list(dict.fromkeys(suspects))
+    # --- the control and drift ----------------------------------------------------------------
 
-    def _quiet_bound(self, name: str) -> float:
-        """The best score ``name``'s disturbed measurements allow on a quiet machine: each
-        one's score improved by how far its node was oversubscribed (a node with demand for
-        1.5 times its cores runs the ranks at least 1/1.5 of their speed)."""
-        bound = float("-inf")
-        for result_name, result in self._ledger.results.items():
-            if split_repeat(result_name)[0] != name or not result.ok or result.metrics is None:
+    def control(self) -> str | None:
+        """The first configuration the search proposed that ran ok and quiet: measured again
+        through the run, it shows whether the machine changed where no rank could see it (a GPU's
+        clocks, a slow start-up)."""
+        results = self._ledger.results
+        for name in self._proposed:
+            if split_repeat(name)[1] or name not in self._ledger.entries:
                 continue
-            value = score(result.metrics, self._tuning.metric)
-            factor = 1.0 + (result.metrics.oversubscription or 0.0)
-            bound = max(bound, value * factor if value > 0 else value / factor)
-        return bound
+            if name not in results:
+                return None  # decided once it is in, as a one-at-a-time run would
+            if _quiet(results[name]):
+                return name
+        return None
 
-    def _promote(self, ranking: list[Ranked]) -> bool:
-        """Give a suspect measured once again (see :meth:`_suspects`) whose check beat its
-        variant's leader the repeats a variant's best gets; True if any were queued. Its
-        check, not its first measurement, is the one to believe: the first is the suspect."""
-        queued = Counter(split_repeat(n)[0] for n in self.queue)
-        leaders: dict[Variant, Ranked] = {}
-        for ranked in ranking:
-            if queued[ranked.name] >= self._num_repeats:
-                leaders.setdefault(self._ledger.entries[ranked.name].variant, ranked)
-        metric = self._tuning.metric
-        promoted = []
-        for ranked in ranking:
-            leader = leaders.get(self._ledger.entries[ranked.name].variant)
-            if not 0 < queued[ranked.name] < self._num_repeats:
+    def control_due(self, is_open: Callable[[str], bool], every: int = CONTROL_EVERY) -> str | None:
+        """The control's next measurement, once ``every`` search experiments ran since its
+        last (None: not due, or no control yet)."""
+        control = self.control()
+        if control is None or self._tuning.num_remeasure == 0:
+            return None
+        names = self._proposed
+        last = max(i for i, n in enumerate(names) if split_repeat(n)[0] == control)
+        since = sum(1 for n in names[last + 1 :] if split_repeat(n)[1] == 0)
+        if since < every:
+            return None
+        return self._another(control, is_open, bounded=False)
+
+    def slowdowns(self) -> dict[str, float]:
+        """Results taken while the control measured the machine slower than its fastest by
+        more than the noise explains (:data:`DRIFT_Z` standard deviations of a difference),
+        unseen by the ranks: each, by how much slower (those proposed between the control's
+        neighbouring measurements)."""
+        control = self.control()
+        if control is None:
+            return {}
+        order = self._proposed
+        results = self._ledger.results
+        measured = [
+            (i, results[n].metrics.latency)  # type: ignore[union-attr]
+            for i, n in enumerate(order)
+            if split_repeat(n)[0] == control and n in results and _quiet(results[n])
+        ]
+        if len(measured) < 2:
+            return {}
+        fastest = min(latency for _, latency in measured)
+        # The noise those very slow stretches inflate is capped: a drift that large is seen.
+        noise = min(self.noise(), MAX_DRIFT_NOISE)
+        line = math.exp(DRIFT_Z * noise * math.sqrt(2))
+        slow: dict[str, float] = {}
+        for k, (_, latency) in enumerate(measured):
+            if latency <= fastest * line:
                 continue
-            checks = [
-                score(r.metrics, metric)
-                for n, r in self._ledger.results.items()
-                if split_repeat(n)[0] == ranked.name
-                and split_repeat(n)[1] > 0
-                and r.ok
-                and r.metrics is not None
-                and not r.metrics.disturbed
-            ]
-            if checks and (leader is None or max(checks) > metric.score(leader.value)):
-                promoted.append(ranked.name)
-        self.queue += [
-            repeat_name(name, index)
-            for index in range(2, self._num_repeats + 1)
-            for name in promoted
-            if index > queued[name]
-        ]
-        return bool(promoted)
+            start = measured[k - 1][0] + 1 if k > 0 else 0
+            end = measured[k + 1][0] if k + 1 < len(measured) else len(order)
+            for name in order[start:end]:
+                slow[name] = max(slow.get(name, 1.0), latency / fastest)
+        return slow
 
-    def _race(self, contenders: list[Ranked]) -> bool:
-        """One more round for the leader and every re-measured configuration that could still
-        beat it by more than the noise allows (:func:`could_be_better`), and for every one
-        whose repeats were disturbed (other processes competed for the cores); True if
-        queued.
+    # --- a busy machine's measurements --------------------------------------------------------
 
-        Two or three repeats tell apart configurations a noise-width apart, not ones a few
-        percent apart on a machine whose runs vary by 10%: those race on, up to
-        :data:`MAX_RACE_ROUNDS` more measurements each, while the ones clearly behind drop out.
-        A rival within :data:`RACE_TOLERANCE` of the leader that even those rounds could not
-        tell from it (:func:`race_can_settle`) is a tie at this machine's noise and does not
-        race: the summary says the top are within noise of each other.
-        A configuration left with fewer undisturbed measurements than its repeats were meant
-        to give is measured again too, up to the same bound, so that it ranks on the machine
-        it will train on, not on a busy minute.
-        """
+    def _rescues(self, ranking: list[Ranked]) -> list[str]:
+        """Step 3: configurations whose standing a busy machine decided, and whose quiet
+        value could make them their variant's best or beat the leader: measured only while
+        the ranks saw other processes compete (until one quiet measurement, which then ranks
+        alone), or taken while the control saw the machine slow (until the quiet ones
+        outnumber the slow, so that the median is the quiet machine's)."""
+        ledger, metric = self._ledger, self._tuning.metric
+        slowdowns = self.slowdowns()
+        bounds: dict[str, float] = {}
+        seen: Counter[str] = Counter()
+        slowed: Counter[str] = Counter()
+        quiet: Counter[str] = Counter()
+        for name, result in ledger.results.items():
+            base = split_repeat(name)[0]
+            if not result.ok or result.metrics is None or base not in ledger.entries:
+                continue
+            factor = slowdowns.get(name, 1.0)
+            if result.metrics.disturbed:
+                seen[base] += 1
+                factor = max(factor, 1.0 + (result.metrics.oversubscription or 0.0))
+            elif name in slowdowns:
+                slowed[base] += 1
+            else:
+                quiet[base] += 1
+            value = score(result.metrics, metric)
+            bound = value * factor if value > 0 else value / factor
+            bounds[base] = max(bounds.get(base, float("-inf")), bound)
 
-        def open_rounds(ranked: list[Ranked]) -> list[tuple[str, int]]:
-            """Those not yet at the bound, with the repeats each has so far."""
-            counts = [
-                (r.name, sum(1 for q in self.queue if split_repeat(q)[0] == r.name)) for r in ranked
-            ]
-            return [(n, c) for n, c in counts if c < self._num_repeats + MAX_RACE_ROUNDS]
+        def spoiled(base: str) -> bool:
+            return (quiet[base] == 0 and seen[base] > 0) or 0 < slowed[base] >= quiet[base]
 
-        racing: list[tuple[str, int]] = []
-        # The race is for the top: the best few of the re-measured (every variant's best is
-        # re-measured for its own standing, not to race).
-        short = short_windows(self._ledger)
-        top = [r for r in contenders if r.name not in short]
-        top = top[: MAX_REMEASURE_FACTOR * self._tuning.num_remeasure]
-        noise = relative_noise(top)
-        if noise is not None and len(top) >= 2:
-            leader, *others = top
-            # A rival races while it may still beat the leader and the rounds left could
-            # tell: on a noisy machine, ones within the tolerance stay tied however long.
-            most = 1 + self._num_repeats + MAX_RACE_ROUNDS
-            rivals = [
-                r
-                for r in others
-                if could_be_better(
-                    leader, r, noise, confidence_z=RACE_CONFIDENCE_Z, tolerance=RACE_TOLERANCE
-                )
-                and race_can_settle(
-                    leader, r, noise, tolerance=RACE_TOLERANCE, max_measurements=most
-                )
-            ]
-            racing = open_rounds([leader, *rivals])
-            if not racing or racing[0][0] != leader.name or len(racing) < 2:
-                racing = []  # the leader is done racing, or nothing races it
-        # Measured again for a reason the disturbance spoiled: once more, up to the bound.
-        queued = Counter(split_repeat(n)[0] for n in self.queue)
-        disturbed = [
-            r for r in contenders if r.num_disturbed and r.num_undisturbed < queued[r.name]
-        ]
-        racing += [(n, c) for n, c in open_rounds(disturbed) if n not in dict(racing)]
-        self.queue += [repeat_name(n, count + 1) for n, count in racing]
-        return bool(racing)
+        quiet_best: dict[object, float] = {}
+        for r in ranking:
+            if not spoiled(r.name):
+                quiet_best.setdefault(ledger.entries[r.name].variant, metric.score(r.value))
+        leader = metric.score(ranking[0].value)
+        rescues = []
+        for r in ranking:
+            if not spoiled(r.name):
+                continue
+            variant_best = quiet_best.get(ledger.entries[r.name].variant)
+            if variant_best is None or bounds[r.name] > variant_best or bounds[r.name] > leader:
+                rescues.append(r.name)
+        return rescues
+
+    # --- bookkeeping --------------------------------------------------------------------------
+
+    def _counts(self, informative: bool = False) -> Counter[str]:
+        """Measurements of each configuration, run or in flight, failed ones included
+        (``informative``: leaving out those the ranks saw disturbed, which rank only where
+        nothing else does)."""
+        counts: Counter[str] = Counter()
+        for name, result in self._ledger.results.items():
+            disturbed = result.metrics is not None and result.metrics.disturbed
+            if not (informative and result.ok and disturbed):
+                counts[split_repeat(name)[0]] += 1
+        counts.update(split_repeat(n)[0] for n in self._ledger.pending)
+        return counts
+
+    def _another(
+        self, name: str, is_open: Callable[[str], bool], bounded: bool = True
+    ) -> str | None:
+        """``name``'s next repeat, unless it has :data:`MAX_MEASUREMENTS` informative ones
+        (twice that in all) already; ``bounded`` False: the control, measured through the
+        run."""
+        total = self._counts()[name]
+        if bounded and (
+            self._counts(informative=True)[name] >= MAX_MEASUREMENTS
+            or total >= 2 * MAX_MEASUREMENTS
+        ):
+            return None
+        repeat = repeat_name(name, total)
+        return repeat if is_open(repeat) else None
+
+
+def _quiet(result: ExperimentResult) -> bool:
+    """Ran ok, the whole window, with nothing competing for the ranks' cores."""
+    return (
+        result.ok
+        and result.metrics is not None
+        and not result.metrics.disturbed
+        and result.stopped_after_steps is None
+    )
 
 
 def short_windows(ledger: Ledger) -> dict[str, float]:
@@ -261,7 +351,7 @@ def short_windows(ledger: Ledger) -> dict[str, float]:
     their ok runs), with that median."""
     windows: dict[str, list[float]] = {}
     for name, result in ledger.results.items():
-        if result.ok and result.timings.window_s > 0:
+        if result.ok and result.timings.window_s > 0 and result.stopped_after_steps is None:
             windows.setdefault(split_repeat(name)[0], []).append(result.timings.window_s)
     medians = {name: statistics.median(seconds) for name, seconds in windows.items()}
     return {name: s for name, s in medians.items() if s < MIN_WINDOW_S}

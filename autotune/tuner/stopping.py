@@ -17,6 +17,7 @@ def experiments_since_best(
     metric: Metric,
     *,
     knobs_later: bool,
+    failures_count: bool = True,
 ) -> int:
     """Experiments of the phase (``phase_names``) since the last new best (of any phase), in
     the order they were ``proposed``.
@@ -26,7 +27,8 @@ def experiments_since_best(
     where a one-at-a-time run would have stopped. ``knobs_later``: knob experiments belong to
     a later phase (the micro-batch phase runs), so that one replayed from a run that got
     further neither ends nor extends this phase (a resumed run decides each phase on what
-    that phase knew).
+    that phase knew). ``failures_count`` False: only experiments that ran ok count (a search
+    that learns where memory ends from failures has not stopped paying off).
     """
     best: float | None = None
     since = 0
@@ -42,7 +44,11 @@ def experiments_since_best(
             value = score(result.metrics, metric)
         if value is not None and (best is None or value > best):
             best, since = value, 0
-        elif name in phase_names and not _is_largest_fit(ledger, name):
+        elif (
+            name in phase_names
+            and not _is_largest_fit(ledger, name)
+            and (failures_count or unsettled or (result is not None and result.ok))
+        ):
             # The largest fit is the micro-batch search's result, run before this phase:
             # where it falls among other variants' searches depends on what ran beside it.
             since += 1

@@ -10,9 +10,10 @@ from typing import Any
 
 from autotune.config import AutotuningConfig, Metric
 from autotune.experiment import ExperimentResult
+from autotune.tuner.cost_model import CostModel
 from autotune.tuner.ledger import Entry, Ledger
 from autotune.tuner.naming import split_repeat
-from autotune.tuner.ranking import Ranked, declared_order, rank, within_noise
+from autotune.tuner.ranking import TOLERANCE, Ranked, declared_order, rank, within_noise
 from autotune.tuner.remeasure import short_windows
 from autotune.tuner.space import TuningSpace
 
@@ -29,8 +30,8 @@ class TuningSummary:
         best: the first of ``ranking``.
         best_overrides: the dotted-key values that make the user's config the best one.
         best_per_variant: the best configuration of each ZeRO variant (``z2``, ``z3_ocpu``).
-        top_two_within_noise: whether the first two of ``ranking`` have overlapping
-            measurements (None with fewer than two).
+        top_two_within_noise: whether the first two of ``ranking`` are within the noise of
+            each other (see :meth:`ties`; None with fewer than two).
         num_run: experiments that ran, re-measurements included.
         num_failed: experiments that ran and did not end ``ok``.
         pruned: configurations and variants never run, each with the reason.
@@ -40,14 +41,20 @@ class TuningSummary:
         num_disturbed: measurements taken while other processes competed for the ranks'
             cores (see :mod:`autotune.profiling.interference`); a configuration ranks on the
             others where it has any.
-        search_bound: the most search experiments the run can make (the trial cap, or fewer
-            where the space holds fewer); re-measurements come on top.
+        search_bound: the most experiments the run can make, re-measurements included (the
+            trial cap).
         short_windows: configurations whose profile window lasted under the tuner's
             ``MIN_WINDOW_S``, with its median length in seconds: too short to rank on.
         window_steps: optimizer steps in the profile window.
         num_remeasured: of ``num_run``, the re-measurements (the rest searched the space).
         best_at_cap: why a larger micro-batch than the best's was never tried, when the best
             runs at the largest the config allows (a larger one may be faster); else None.
+        noise: the relative noise of one measurement, from the repeats (None: not known).
+        num_stopped_early: search experiments stopped after their first timed steps, slower
+            than the best by more than the tolerance allowed (their values are from those
+            steps).
+        cost_model: ``model_based``'s cost model as last fitted (its constants with their
+            uncertainties, see :meth:`autotune.tuner.cost_model.CostModel.to_dict`).
     """
 
     metric: Metric
@@ -68,28 +75,35 @@ class TuningSummary:
     window_steps: int = 0
     num_remeasured: int = 0
     best_at_cap: str | None = None
+    noise: float | None = None
+    num_stopped_early: int = 0
+    cost_model: Mapping[str, Any] | None = None
 
     @property
     def num_tied(self) -> int:
         """How many of the ranking's first configurations are within measurement noise of
-        the best (their measured ranges overlap its): 1 when the best stands alone."""
+        the best (see :func:`tied`): 1 when the best stands alone."""
         if self.best is None:
             return 0
-        tied = 1
+        count = 1
         for ranked in self.ranking[1:]:
-            if not within_noise(self.best, ranked):
+            if not tied(self.best, ranked, self.noise):
                 break
-            tied += 1
-        return tied
+            count += 1
+        return count
 
     def notes(self) -> list[str]:
         """What a person should know before acting on the ranking, one line each."""
         lines = []
         tied = self.num_tied
+        noise = f" ({self.noise:.1%} run to run)" if self.noise is not None else ""
         if tied > 2:
-            lines.append(f"note: the top {tied} are within measurement noise of each other")
+            lines.append(
+                f"note: the top {tied} are within measurement noise of each other{noise}: "
+                "more experiments would not tell them apart"
+            )
         elif self.top_two_within_noise:
-            lines.append("note: the top two are within measurement noise of each other")
+            lines.append(f"note: the top two are within measurement noise of each other{noise}")
         if self.best_at_cap:
             lines.append(f"note: {self.best_at_cap}")
         if self.num_disturbed:
@@ -147,6 +161,9 @@ class TuningSummary:
             "num_remeasured": self.num_remeasured,
             "best_at_cap": self.best_at_cap,
             "short_windows": dict(self.short_windows),
+            "noise": self.noise,
+            "num_stopped_early": self.num_stopped_early,
+            "cost_model": dict(self.cost_model) if self.cost_model is not None else None,
         }
 
 
@@ -158,6 +175,8 @@ def summarize(
     not_run: Mapping[str, str],
     tuning_time_s: float,
     stop_reason: str,
+    noise: float | None = None,
+    cost_model: CostModel | None = None,
 ) -> TuningSummary:
     """The summary of what ``ledger`` holds, searched over ``space`` under ``tuning``;
     ``not_run``: what was considered and not run, each with the reason."""
@@ -176,7 +195,7 @@ def summarize(
         best=best,
         best_overrides=dict(best_entry.overrides) if best_entry else {},
         best_per_variant=per_variant,
-        top_two_within_noise=(within_noise(ranking[0], ranking[1]) if len(ranking) > 1 else None),
+        top_two_within_noise=(tied(ranking[0], ranking[1], noise) if len(ranking) > 1 else None),
         num_run=len(ledger.results),
         num_failed=len(failed),
         pruned=not_run,
@@ -186,7 +205,7 @@ def summarize(
         num_disturbed=sum(
             1 for r in ledger.results.values() if r.metrics is not None and r.metrics.disturbed
         ),
-        search_bound=min(tuning.tuner_num_trials, space.num_configurations),
+        search_bound=tuning.tuner_num_trials,
         short_windows={
             name: seconds
             for name, seconds in short_windows(ledger).items()
@@ -195,6 +214,11 @@ def summarize(
         window_steps=tuning.end_profile_step - tuning.start_profile_step + 1,
         num_remeasured=sum(1 for n in ledger.results if split_repeat(n)[1] > 0),
         best_at_cap=_at_cap(best_entry, space),
+        noise=noise,
+        num_stopped_early=sum(
+            1 for r in ledger.results.values() if r.stopped_after_steps is not None
+        ),
+        cost_model=cost_model.to_dict() if cost_model is not None else None,
     )
 
 
@@ -220,3 +244,25 @@ def _failure_line(result: ExperimentResult) -> str:
     """``"oom: OutOfMemoryError: ..."``: the status, then the error unless it already says it."""
     status, error = result.status.value, result.error or ""
     return error if error.startswith(f"{status}:") else f"{status}: {error}" if error else status
+
+
+def tied(best: Ranked, other: Ranked, noise: float | None) -> bool:
+    """Whether ``other`` is within measurement noise of ``best``: their measured ranges
+    overlap, or their medians are closer than the tolerance or than 1.64 times the noise of
+    their difference (``noise``: relative, of one measurement).
+
+    Example:
+        >>> tied(Ranked("a", 100, (100,), 0), Ranked("b", 97, (97,), 0), 0.03)
+        True
+        >>> tied(Ranked("a", 100, (100,), 0), Ranked("b", 80, (80,), 0), 0.03)
+        False
+    """
+    if within_noise(best, other):
+        return True
+    if best.value <= 0 or other.value <= 0:
+        return False
+    gap = abs(math.log(best.value) - math.log(other.value))
+    spread = 0.0
+    if noise is not None:
+        spread = 1.64 * noise * math.sqrt(1 / best.num_measurements + 1 / other.num_measurements)
+    return gap <= max(math.log(1 + TOLERANCE), spread)

@@ -1,30 +1,38 @@
 """The tuner: decides what to run next and when to stop, behind ask/tell. It runs nothing.
 
-The flow (DeepSpeed's, with its bugs fixed), one phase after another:
+``model_based`` (the default) predicts, then measures: one phase, ``model``
+(:mod:`autotune.tuner.model_search`), predicts every configuration of the space with a cost
+model of the ZeRO step fitted to what the run measured, measures the one with the largest
+expected improvement over the best, refits, and ends when no configuration left could beat
+the best by more than the tolerance.
+
+``gridsearch`` and ``random`` (the baselines) follow DeepSpeed's flow, with its bugs fixed,
+one phase after another:
 
 1. ``max_micro_batch``: per ZeRO variant, find the largest micro-batch that fits, exactly
-   (:mod:`autotune.tuner.probe`). Failures bound the rest of the space
-   (:mod:`autotune.tuner.bounds`): an ``oom`` prunes every larger micro-batch with the same
-   stage and knobs, a script that ran out of data every larger micro-batch in every variant,
-   and a script that ends after as many steps whatever the micro-batch ends the run, saying
-   so. Variants are searched one after another, in an order the tuner type decides
-   (:func:`~autotune.tuner.prior.variant_order`).
+   (:mod:`autotune.tuner.probe`). Variants are searched one after another, in an order the
+   tuner type decides (:func:`~autotune.tuner.prior.variant_order`).
 2. ``micro_batch``: compare the largest fit and sizes about half apart below it
    (``num_tuning_micro_batch_sizes`` in all), per variant, with the chosen sampler.
    ``fast: true`` (and no knob lists) stops the search here.
 3. ``knobs``: each surviving variant at its best micro-batch, over its knobs.
-4. ``remeasure``: the top ``num_remeasure`` configurations run again (``<name>_r1``, ...) and
-   the best is declared on the median of repeats, the closest racing on
-   (:mod:`autotune.tuner.remeasure`): step times vary up to ±50% run to run.
 
-Phases 2 and 3 end early after ``tuner_early_stopping`` experiments without a new best
-(:mod:`autotune.tuner.stopping`); the whole run ends once the first
-:data:`~autotune.tuner.bounds.SAME_FAILURE_LIMIT` experiments all failed with the same error
-(a script that rejects a flag fails alike whatever the config); ``tuner_num_trials`` caps the
-search experiments (re-measurements are extra). ``time_budget_s`` bounds the run's wall time:
-an experiment starts only if it is expected to end within it (:mod:`autotune.tuner.budget`),
-and the search ends where its next experiment would leave no room to re-measure the best so
-far.
+Then, for every tuner type, ``remeasure`` (:mod:`autotune.tuner.remeasure`): a configuration
+is measured again only where another measurement could change the answer.
+
+Failures bound the rest of the space (:mod:`autotune.tuner.bounds`): an ``oom`` prunes every
+larger micro-batch with the same stage and knobs, a script that ran out of data every larger
+micro-batch in every variant, and a script that ends after as many steps whatever the
+micro-batch ends the run, saying so. The search phases end early after
+``tuner_early_stopping`` experiments without a new best (:mod:`autotune.tuner.stopping`); the
+whole run ends once the first :data:`~autotune.tuner.bounds.SAME_FAILURE_LIMIT` experiments
+all failed with the same error. ``tuner_num_trials`` caps every experiment the run starts,
+re-measurements included (the search leaves one for confirming its best). ``time_budget_s``
+bounds the run's wall time: an experiment starts only if it is expected to end within it
+(:mod:`autotune.tuner.budget`), and the search ends where its next experiment would leave no
+room to re-measure the best so far. Once something ran ok, a search experiment carries the
+step time above which it cannot come within the tolerance of the best
+(:attr:`Candidate.stop_above_step_s`): a loser is stopped after its first timed steps.
 
 Several experiments may be in flight at once. ``ask`` then returns None both when the search
 is over and when the next proposal needs a result first (the end of a phase, the next step of
@@ -37,30 +45,34 @@ telling it the results log before asking (names identify configurations), in the
 experiments were proposed, with those left unfinished owed in their places (:meth:`Tuner.owe`).
 
 A script's model is unknown until an experiment measures it: :meth:`Tuner.learn_model` then
-brings in the memory estimate for what is not yet decided, keeping everything run, running or
-owed (ranked even where the estimate would now prune it). A tuner that knew the model from the
-start, told the same results, decides alike, so a resumed script run needs no replay of when
-the model was learnt.
+brings in the memory estimate and the cost model for what is not yet decided, keeping
+everything run, running or owed (ranked even where the estimate would now prune it). A tuner
+that knew the model from the start, told the same results, decides alike, so a resumed script
+run needs no replay of when the model was learnt.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError
+from autotune.config import Config, ConfigError, Metric, TunerType
 from autotune.config.knobs import MICRO_BATCH_KEY
 from autotune.experiment import ExperimentResult
 from autotune.tuner.bounds import SAME_FAILURE_LIMIT, Bounds
 from autotune.tuner.budget import TimeBudget
-from autotune.tuner.candidate import PHASES, Candidate, Phase
+from autotune.tuner.candidate import MODEL_PHASES, SAMPLED_PHASES, Candidate, Phase
 from autotune.tuner.catalog import Catalog
+from autotune.tuner.cost_model import CostModel, ModelShape
+from autotune.tuner.hardware import CPU_RANK, Hardware
 from autotune.tuner.ledger import Ledger
+from autotune.tuner.model_search import ModelSearch
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.phase_search import PhaseSearch
 from autotune.tuner.prior import best_micro_batch
 from autotune.tuner.probe import SizeSearch, failed_sizes_bound
+from autotune.tuner.ranking import TOLERANCE
 from autotune.tuner.remeasure import Remeasurement
 from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import build_space
@@ -69,6 +81,11 @@ from autotune.tuner.summary import TuningSummary, summarize
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
+
+# How much slower than the tolerance allows a search experiment's first timed steps must be
+# before it is stopped as a loser: a single step varies by a few percent, and so does the
+# best's own value.
+LOSER_MARGIN = 0.15
 
 
 class Tuner:
@@ -84,7 +101,9 @@ class Tuner:
         clock: seconds, monotonic; injectable for tests.
         started: the ``clock`` reading ``time_budget_s`` counts from (the command's start);
             None: now.
-        num_repeats: re-measurements of each top configuration.
+        hardware: what the ranks run on, the cost model's starting point (``model_based``;
+            default: CPU ranks).
+        ranks_per_node: ranks that share a node's links (default: all of them).
 
     Raises:
         ConfigError: if the batch limits leave no micro-batch size.
@@ -94,7 +113,7 @@ class Tuner:
         >>> tuner = Tuner(load_config({"zero_optimization": {"stage": 1}}, world_size=2))
         >>> candidate = tuner.ask()
         >>> candidate.name, candidate.phase.value
-        ('z1_mbs1024', 'max_micro_batch')
+        ('z1_mbs1024', 'model')
 
         A driver runs it and tells the result, until ``ask`` returns None with nothing in
         flight::
@@ -115,22 +134,24 @@ class Tuner:
         storage: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
-        num_repeats: int = 2,
+        hardware: Hardware | None = None,
+        ranks_per_node: int | None = None,
     ) -> None:
         self._config = config
         self._tuning = config.autotuning
         self._storage = storage
-        self._num_repeats = num_repeats
         if device_memory_bytes is None:
             device_memory_bytes = config.device_memory_bytes
         self._device_memory_bytes = device_memory_bytes
         self._model_info = model_info
         self._ledger = Ledger()
         self._bounds = Bounds(self._ledger)
-        self._remeasure = Remeasurement(self._ledger, self._tuning, num_repeats)
         self._proposed: list[str] = []  # names in the order they were asked (or replayed)
+        self._remeasure = Remeasurement(self._ledger, self._tuning, self._proposed)
         self._owed: set[str] = set()  # proposed by an interrupted run, never finished
-        self._phase = Phase.max_micro_batch
+        model_based = TunerType(self._tuning.tuner_type) is TunerType.model_based
+        self._phases = MODEL_PHASES if model_based else SAMPLED_PHASES
+        self._phase = self._phases[0]
         self._search: PhaseSearch | None = None  # the sampled phase's, while one runs
         self._stop_reason = ""
         self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
@@ -143,6 +164,17 @@ class Tuner:
             # What a run that did not know the model yet may have tried (a script's first
             # experiments), so that their results, told from history, are ranked too.
             self._catalog.add_size_names(build_space(config, None, device_memory_bytes))
+        self._model_search: ModelSearch | None = None
+        if model_based:
+            self._model_search = ModelSearch(
+                config,
+                self._catalog,
+                self._ledger,
+                self._bounds,
+                hardware or CPU_RANK,
+                ranks_per_node or config.world_size,
+                _model_shape(model_info),
+            )
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -207,6 +239,8 @@ class Tuner:
         space = build_space(self._config, model_info, self._device_memory_bytes)
         self._catalog.use_space(space)
         self._sizes.order(space, model_info)
+        if self._model_search is not None:
+            self._model_search.use_space(space, _model_shape(model_info))
 
     def owe(self, name: str) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
@@ -249,7 +283,14 @@ class Tuner:
             not_run=self._not_run(),
             tuning_time_s=self.elapsed_s,
             stop_reason=self._stop_reason,
+            noise=self._remeasure.noise(),
+            cost_model=self.cost_model(),
         )
+
+    def cost_model(self) -> CostModel | None:
+        """``model_based``'s cost model, fitted to the results so far (None for the other
+        tuner types, and before the workload's size is known)."""
+        return self._model_search.fitted() if self._model_search is not None else None
 
     def optimal_config(self) -> dict[str, Any] | None:
         """The user's config with the best values, ``autotuning`` removed, batch triad resolved.
@@ -265,15 +306,21 @@ class Tuner:
 
     def _next_name(self) -> str | None:
         """The next name the current phase wants run, or None if it has nothing now."""
-        if self._phase is Phase.remeasure:
-            name = self._next_repeat()
-            if name is None and not self._ledger.pending and self._remeasure.extend():
-                name = self._next_repeat()
+        # A re-measurement an interrupted run had running comes first, as it would have
+        # finished first.
+        owed = (n for n in self._proposed if n in self._owed and split_repeat(n)[1] > 0)
+        if (name := next((n for n in owed if self._catalog.is_free(n)), None)) is not None:
             return name
+        if self._phase is Phase.remeasure:
+            return self._next_repeat()
         if self._search_budget_spent():
             return None
+        if (control := self._remeasure.control_due(self._is_open_repeat)) is not None:
+            return control
         if self._phase is Phase.max_micro_batch:
             return self._sizes.next_owed(self._proposed, self._owed) or self._sizes.next()
+        if self._phase is Phase.model:
+            return self._next_predicted()
         if self._search is None:  # nothing to tune in this phase
             return None
         # What an interrupted run had running comes first, as it would have finished first.
@@ -285,6 +332,37 @@ class Tuner:
             return None
         return self._search.ask(self._catalog.is_open)
 
+    def _next_predicted(self) -> str | None:
+        """``model_based``: what an interrupted run had running, then the cost model's pick
+        (before the workload's size is known, the first size of the memory search)."""
+        search = self._model_search
+        assert search is not None
+        for name in self._proposed:
+            if name in self._owed and self._catalog.is_free(name):
+                key = search.key_of(name)
+                if key is not None:
+                    self._catalog.register(*key)
+                    return name
+                if name in self._catalog.size_names:
+                    self._catalog.entry(name)
+                    return name
+        if self._patience_spent():
+            return None
+        if search.fitted() is None:
+            return self._sizes.next()
+        ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
+        chosen = search.next(ranking[0] if ranking else None)
+        if chosen is None and self._ledger.pending:
+            return None  # what is in flight may still change the model's mind
+        if chosen is None:
+            # Nothing beats the best on its one measurement, likely a lucky one: measured
+            # again first, then the model decides again against its median.
+            return self._remeasure.confirmation(self._is_open_repeat)
+        key = search.key_of(chosen)
+        assert key is not None
+        self._catalog.register(*key)
+        return chosen
+
     def _phase_end_reason(self) -> str:
         """Why the phase that has nothing more to propose ended: a limit it reached, or ""
         where it ran all it had."""
@@ -292,9 +370,17 @@ class Tuner:
             return ""
         if self._search_budget_spent():
             return f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
-        if self._search is not None and self._patience_spent():
+        if self._searching() and self._patience_spent():
             return f"no better result in the last {self._tuning.tuner_early_stopping} experiments"
+        if self._phase is Phase.model and self._ledger.results:
+            return (
+                f"the cost model predicts no configuration left beats the best by more than "
+                f"{TOLERANCE:.0%}"
+            )
         return ""
+
+    def _searching(self) -> bool:
+        return self._search is not None or self._phase is Phase.model
 
     def _advance(self) -> None:
         """End the current phase (keeping why, if a limit ended it) and move to the next
@@ -304,27 +390,38 @@ class Tuner:
             self._stop_reason = reason
         self._note_unreached(reason or "the phase ended")
         self._search = None
-        self._phase = PHASES[PHASES.index(self._phase) + 1]
+        if self._phase is Phase.model:
+            self._note_unsearched_variants()
+        self._phase = self._phases[self._phases.index(self._phase) + 1]
         if self._phase is Phase.micro_batch:
             self._start_micro_batch_phase()
         elif self._phase is Phase.knobs:
             self._start_knob_phase()
-        elif self._phase is Phase.remeasure:
-            self._remeasure.start()
-        elif not self._stop_reason:
+        elif self._phase is Phase.done and not self._stop_reason:
             self._stop_reason = "search space exhausted"
 
+    def _note_unsearched_variants(self) -> None:
+        """Why each variant with nothing that ran ok has none: never run is not the same as
+        nothing fits (the trial cap or the time budget can end the search before it)."""
+        ran = {
+            entry.variant
+            for name, entry in self._ledger.entries.items()
+            if name in self._ledger.results
+        }
+        for plan in self._catalog.space.plans:
+            if self._ledger.best_score(plan.variant, self._tuning.metric) is not None:
+                continue
+            reason = "not searched: the search ended first"
+            if plan.variant in ran:
+                reason = "no micro-batch ran ok"
+            self._catalog.pruned.setdefault(plan.variant.label, reason)
+
     def _start_micro_batch_phase(self) -> None:
+        self._note_unsearched_variants()
         subspaces, names = [], {}
         for plan in self._catalog.space.plans:
             largest = self._ledger.largest_fit(plan.variant)
             if largest is None:
-                # Never run is not the same as nothing fits: the trial cap or the time budget
-                # can end the search before it reaches a variant.
-                reason = "not searched: the search ended first"
-                if plan.variant in self._ledger.size_runs:
-                    reason = "no micro-batch ran ok"
-                self._catalog.pruned.setdefault(plan.variant.label, reason)
                 continue
             # Largest first: the grid tries large micro-batches (usually fastest) first.
             sizes = plan.compared_sizes(largest)
@@ -366,17 +463,25 @@ class Tuner:
         )
 
     def _next_repeat(self) -> str | None:
-        """The first queued re-measurement not yet run that the time budget has room for;
-        those it has no room for are noted and never run."""
-        for name in self._remeasure.queue:
-            if not self._catalog.is_open_repeat(name) or name in self._ended:
-                continue
-            if self._fits_time_budget(name):
-                return name
-            reason = self._budget.reason
-            self._ended[name] = f"not run: {reason}"
-            self._stop_reason = reason
+        """The re-measurement worth running next (:class:`Remeasurement`), if the trial cap
+        and the time budget have room for it; one the budget has no room for is noted and
+        ends the phase."""
+        if self._ledger.pending:
+            return None  # each re-measurement is decided on every result before it
+        if self._trials_left() <= 0:
+            if not self._stop_reason:
+                self._stop_reason = f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
+            return None
+        name = self._remeasure.next(self._is_open_repeat)
+        if name is None or self._fits_time_budget(name):
+            return name
+        reason = self._budget.reason
+        self._ended[name] = f"not run: {reason}"
+        self._stop_reason = reason
         return None
+
+    def _is_open_repeat(self, name: str) -> bool:
+        return self._catalog.is_open_repeat(name) and name not in self._ended
 
     # --- the time budget ----------------------------------------------------------------------
 
@@ -400,7 +505,6 @@ class Tuner:
         self._stop_reason = reason
         self._search = None
         self._phase = Phase.remeasure
-        self._remeasure.start()
 
     def _run_end_reason(self) -> str | None:
         """Why the whole run ends now, whatever phase it is in; None: it goes on."""
@@ -443,13 +547,38 @@ class Tuner:
             if self._search is not None:
                 self._search.drop(name)
             return None
+        repeat = base != name
         return Candidate(
             name=name,
             overrides=entry.overrides,
             ds_config=ds_config,
             phase=self._phase,
-            repeat_of=base if base != name else None,
+            repeat_of=base if repeat else None,
+            stop_above_step_s=None if repeat else self._loser_step_s(ds_config),
         )
+
+    def _loser_step_s(self, ds_config: Mapping[str, Any]) -> float | None:
+        """The step time above which a configuration run at ``ds_config`` cannot come within
+        the tolerance of the best so far, with :data:`LOSER_MARGIN` to spare (None: no best
+        yet, or the metric's value per step is unknown)."""
+        ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
+        if not ranking or ranking[0].disturbed:
+            return None
+        best, metric = ranking[0].value, self._tuning.metric
+        margin = 1.0 + LOSER_MARGIN
+        if metric is Metric.latency:
+            return best * (1.0 + TOLERANCE) * margin
+        if metric is Metric.throughput:
+            per_step = float(ds_config.get("train_batch_size") or 0)
+        elif self._model_info is not None:  # FLOPS per rank
+            micro = int(ds_config.get("train_micro_batch_size_per_gpu") or 0)
+            steps = int(ds_config.get("gradient_accumulation_steps") or 1)
+            per_step = self._model_info.flops_per_sample * micro * steps
+        else:
+            return None
+        if per_step <= 0 or best <= 0:
+            return None
+        return per_step / (best * (1.0 - TOLERANCE)) * margin
 
     def _ds_config(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         ds_config = self._config.with_overrides(overrides).to_dict()
@@ -459,7 +588,8 @@ class Tuner:
     def _not_run(self) -> dict[str, str]:
         """Every variant, bound and configuration the tuner considered and did not run, with
         the reason: pruned (memory estimate, an ``oom`` below it, the data bound, a config
-        rule), or not reached (the phase or the run ended first, and why)."""
+        rule), not reached (the phase or the run ended first, and why), or, with
+        ``model_based``, predicted not to beat the best (one line per variant)."""
         explained = {
             **self._catalog.pruned,
             **failed_sizes_bound(self._catalog.space.plans, self._ledger),
@@ -472,19 +602,44 @@ class Tuner:
             explained[name] = self._ended.get(name) or self._catalog.pruned.get(
                 entry.variant.label, ended
             )
+        if self._model_search is not None and self._phase is Phase.done:
+            for label, count in self._model_search.unmeasured().items():
+                if label not in explained:
+                    explained[f"{label}: {count} configurations"] = (
+                        f"not measured: {self._stop_reason or 'the search ended first'}"
+                    )
         return explained
 
+    def _trials_left(self) -> int:
+        """Experiments ``tuner_num_trials`` still allows, those in flight counted as run."""
+        spent = len(self._ledger.results) + len(self._ledger.pending)
+        return self._tuning.tuner_num_trials - spent
+
     def _search_budget_spent(self) -> bool:
-        in_flight = sum(1 for c in self._ledger.pending.values() if c.repeat_of is None)
-        spent = sum(1 for _ in self._ledger.search_results()) + in_flight
-        return spent >= self._tuning.tuner_num_trials
+        """Whether the search may start no more experiments: the cap reached, but for one
+        kept for re-measuring the best once something ran ok."""
+        ran_ok = any(r.ok for r in self._ledger.results.values())
+        keep = 1 if self._tuning.num_remeasure > 0 and ran_ok else 0
+        return self._trials_left() <= keep
 
     def _patience_spent(self) -> bool:
+        if self._phase is Phase.model and self._model_search is not None:
+            names: Container[str] = self._model_search
+        else:
+            names = self._search.points if self._search is not None else {}
         since = experiments_since_best(
             self._ledger,
             self._proposed,
-            self._search.points if self._search is not None else {},
+            names,
             self._tuning.metric,
             knobs_later=self._phase is Phase.micro_batch,
+            failures_count=self._phase is not Phase.model,
         )
         return since >= self._tuning.tuner_early_stopping
+
+
+def _model_shape(model_info: ModelInfo | None) -> ModelShape | None:
+    """What the cost model needs of the workload (None: not known yet)."""
+    if model_info is None or model_info.flops_per_sample <= 0:
+        return None
+    return ModelShape(model_info.num_params, model_info.flops_per_sample)

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import pytest
+
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.tuner import Candidate, Phase, Tuner, split_repeat
-from autotune.tuner.remeasure import MAX_RACE_ROUNDS
+from autotune.tuner.ranking import TOLERANCE
+from autotune.tuner.remeasure import MAX_MEASUREMENTS
 from tests.tuner.landscape import FakeClock, Landscape, drive
 from tests.tuner.tuners import small_config, small_tuner
 
@@ -27,17 +30,27 @@ def test_finds_the_optimum_of_a_small_landscape(tuner_type: str) -> None:
     tuner = small_tuner(tuner_type)
     drive(tuner, landscape)
     summary = tuner.summary()
-    assert summary.best is not None and summary.best.name == optimum.name
-    assert tuner.optimal_config() == optimum.ds_config
-    assert tuner.finished
+    assert summary.best is not None and tuner.finished
+    best = tuner.optimal_config()
+    assert best is not None
+    if tuner_type == "model_based":  # it stops once nothing left could beat the best by 2%
+        optimal = landscape.throughput(optimum.ds_config)
+        assert landscape.throughput(best) >= (1 - TOLERANCE) * optimal
+    else:  # they measure every point
+        assert summary.best.name == optimum.name and best == optimum.ds_config
 
 
-def test_tuner_num_trials_caps_the_search(tuner_type: str) -> None:
-    tuner = small_tuner(tuner_type, tuner_num_trials=7, num_remeasure=2)
-    asked = drive(tuner, Landscape())
-    assert sum(1 for c in asked if c.repeat_of is None) == 7
-    assert sum(1 for c in asked if c.repeat_of is not None) <= 2 * 2  # 2 configs × 2 repeats
-    assert "tuner_num_trials" in tuner.summary().stop_reason
+def test_tuner_num_trials_caps_every_experiment_and_keeps_one_to_confirm_the_best(
+    tuner_type: str,
+) -> None:
+    tuner = small_tuner(tuner_type, tuner_num_trials=5, num_remeasure=2)
+    asked = drive(tuner, Landscape(noise=0.05))
+    assert len(asked) == 5
+    summary = tuner.summary()
+    assert summary.best is not None and summary.best.num_measurements == 2
+    assert asked[-1].repeat_of == summary.best.name
+    assert "tuner_num_trials (5) reached" in summary.stop_reason
+    assert summary.search_bound == 5
 
 
 def test_the_time_budget_ends_the_run_on_time_with_its_best_measured_again(
@@ -59,6 +72,7 @@ def test_the_time_budget_ends_the_run_on_time_with_its_best_measured_again(
     assert any(reason.startswith("not run: time budget") for reason in summary.pruned.values())
 
 
+@pytest.mark.parametrize("tuner_type", ["gridsearch", "random"])
 def test_early_stopping_ends_a_phase_after_that_many_without_a_new_best(tuner_type: str) -> None:
     patience = 2
     tuner = small_tuner(tuner_type, tuner_early_stopping=patience, num_remeasure=0)
@@ -102,37 +116,34 @@ def test_an_oom_prunes_every_larger_micro_batch_without_running_it(tuner_type: s
     assert all(reason.startswith("oom") for reason in summary.failed.values())
 
 
-def test_remeasures_the_top_candidates_and_ranks_by_the_median(tuner_type: str) -> None:
+def test_remeasures_only_what_could_change_the_answer(tuner_type: str) -> None:
+    """On a noisy machine (20% run to run) the leader is confirmed and the rivals that could
+    still beat it by more than the tolerance are measured again, each a bounded number of
+    times; the declared best is one measured more than once, first by median."""
     tuner = small_tuner(tuner_type, num_remeasure=3)
     asked = drive(tuner, Landscape(noise=0.2, seed=1))
-    repeats = [c for c in asked if c.phase is Phase.remeasure]
+    repeats = [c for c in asked if c.repeat_of is not None]
     per_config = Counter(c.repeat_of for c in repeats)
-    assert all(1 <= n <= 2 + MAX_RACE_ROUNDS for n in per_config.values())
+    assert all(n <= MAX_MEASUREMENTS - 1 for n in per_config.values())
     assert all(c.name == f"{c.repeat_of}_r{split_repeat(c.name)[1]}" for c in repeats)
     summary = tuner.summary()
-    # The top three and every variant's best were measured twice more at least.
-    claims = [r.name for r in summary.ranking[:3]] + [
-        r.name for r in summary.best_per_variant.values()
-    ]
-    assert all(per_config[name] >= 2 for name in claims), per_config
-    assert summary.best is not None and summary.best.num_measurements >= 3
+    assert summary.best is not None and summary.best.num_measurements >= 2
     assert summary.ranking[0].name == summary.best.name
+    assert len(per_config) >= 2  # the leader and a rival (or the control) at least
     assert summary.top_two_within_noise is not None
 
 
-def test_contenders_within_the_noise_race_on_and_clear_ones_do_not(tuner_type: str) -> None:
-    quiet = small_tuner(tuner_type, num_remeasure=3)
-    repeats = [c for c in drive(quiet, Landscape()) if c.phase is Phase.remeasure]
-    assert set(Counter(c.repeat_of for c in repeats).values()) <= {1, 2}  # nothing to race
-
-    noisy = small_tuner(tuner_type, num_remeasure=3)
-    repeats = [c for c in drive(noisy, Landscape(noise=0.2, seed=1)) if c.phase is Phase.remeasure]
+def test_a_quiet_machine_settles_the_answer_in_a_few_re_measurements(tuner_type: str) -> None:
+    """No noise: each repeat agrees with the first measurement, so the leader's confirmation,
+    the control's last check and one look at the closest rivals are all it takes."""
+    tuner = small_tuner(tuner_type, num_remeasure=3)
+    repeats = [c for c in drive(tuner, Landscape()) if c.repeat_of is not None]
     per_config = Counter(c.repeat_of for c in repeats)
-    summary = noisy.summary()
-    assert summary.best is not None
-    raced = {name for name, n in per_config.items() if n > 2}
-    assert summary.best.name in raced and len(raced) >= 2  # the leader and a rival raced
-    assert max(per_config.values()) <= 2 + MAX_RACE_ROUNDS
+    summary = tuner.summary()
+    assert summary.best is not None and summary.best.name in per_config
+    control = tuner._remeasure.control()
+    assert all(n == 1 for name, n in per_config.items() if name != control), per_config
+    assert len(per_config) <= 2 + 3  # the leader, the control, num_remeasure rivals
 
 
 @dataclass
@@ -151,6 +162,7 @@ class UnluckyFirst(Landscape):
         return replace(result, metrics=metrics)
 
 
+@pytest.mark.parametrize("tuner_type", ["gridsearch", "random"])  # they measure every point
 def test_a_config_measured_once_that_could_be_the_best_is_measured_again(tuner_type: str) -> None:
     # Stage 2 alone, where overlap_comm makes the optimum 16% faster than the runner-up. With
     # num_remeasure 1 only the top single measurement is repeated at first: the optimum,
@@ -202,10 +214,8 @@ class ShortWindows(Landscape):
 
 def test_a_window_too_short_to_measure_is_flagged_not_raced(tuner_type: str) -> None:
     tuner = small_tuner(tuner_type, num_remeasure=3)
-    repeats = [
-        c for c in drive(tuner, ShortWindows(noise=0.3, seed=1)) if c.phase is Phase.remeasure
-    ]
-    assert max(Counter(c.repeat_of for c in repeats).values()) <= 2  # re-measured, not raced
+    repeats = [c for c in drive(tuner, ShortWindows(noise=0.3, seed=1)) if c.repeat_of]
+    assert repeats and max(Counter(c.repeat_of for c in repeats).values()) <= 2  # not raced
     summary = tuner.summary()
     assert summary.short_windows and all(s == 0.05 for s in summary.short_windows.values())
     (note,) = [line for line in summary.notes() if "too short to rank on" in line]

@@ -5,7 +5,8 @@ The fake machine's stages differ by 9-20% and a measurement varies by 2%; a busy
 everything at 0.65 of its speed (one busy process on the two cores the ranks use). Where the
 ranks could see the competition (CPU: the rank measures its node's CPU, see
 ``autotune.profiling.interference``), the measurements are flagged; where they could not (a
-GPU's clocks), only the re-measurement of every variant's best defends the ranking.
+GPU's clocks), the control (the first configuration, measured again through the run) sees the
+machine slow down, and what ran meanwhile is measured again where it could matter.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import pytest
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.tuner import Candidate, Tuner
-from autotune.tuner.remeasure import MAX_RACE_ROUNDS
+from autotune.tuner.ranking import TOLERANCE
+from autotune.tuner.remeasure import MAX_MEASUREMENTS
 from tests.tuner.landscape import MODEL
 
 STAGE_SPEED = {0: 100.0, 1: 120.0, 2: 110.0, 3: 90.0}  # samples/s at a large micro-batch
@@ -85,12 +87,22 @@ def tune(tuner_type: str, machine: DriftingMachine) -> tuple[Tuner, int]:
 
 
 def assert_as_on_a_quiet_machine(tuner: Tuner) -> None:
+    """The stages rank in their true order, the winner is the true best, and every stage's
+    reported best is what a quiet machine measures of that configuration (model_based need
+    not search a stage that cannot win to its largest micro-batch: it reports what it ran)."""
     summary = tuner.summary()
     variants = list(summary.best_per_variant)
     assert variants == TRUE_ORDER, {v: r.name for v, r in summary.best_per_variant.items()}
+    optimum = true_throughput(1, LARGEST_FIT)
+    assert summary.best is not None and summary.best.name.startswith("z1_")
+    best_micro = int(summary.best.name.split("_mbs")[1])
+    assert true_throughput(1, best_micro) >= optimum * (1 - TOLERANCE), summary.best
     for variant, ranked in summary.best_per_variant.items():
-        best_possible = true_throughput(int(variant[1]), LARGEST_FIT)
-        assert ranked.value >= best_possible * (1 - 3 * NOISE), (variant, ranked)
+        micro = int(ranked.name.split("_mbs")[1])
+        assert ranked.value >= true_throughput(int(variant[1]), micro) * (1 - 3 * NOISE), (
+            variant,
+            ranked,
+        )
 
 
 def test_the_quiet_machine_ranks_the_stages_in_their_true_order(tuner_type: str) -> None:
@@ -111,7 +123,7 @@ def test_a_busy_stretch_the_ranks_saw_does_not_decide_the_ranking(
 
 
 @pytest.mark.parametrize(("busy_from", "busy_until"), [(0, 6), (5, 14)])
-def test_a_slow_stretch_no_rank_could_see_is_undone_by_re_measuring_every_stage(
+def test_a_slow_stretch_no_rank_could_see_is_found_by_the_control_and_measured_again(
     tuner_type: str, busy_from: int, busy_until: int
 ) -> None:
     for seed in range(3):
@@ -126,7 +138,7 @@ def test_competition_that_never_ends_is_measured_a_bounded_number_of_times(
     busy, busy_count = tune(tuner_type, DriftingMachine(0, 10_000, seen=True))
     summary = busy.summary()
     assert busy.finished
-    assert all(r.num_measurements <= 1 + 2 + MAX_RACE_ROUNDS for r in summary.ranking)
+    assert all(r.num_measurements <= 2 * MAX_MEASUREMENTS for r in summary.ranking)
     assert summary.best is not None and summary.best.disturbed
     assert (
         summary.num_disturbed

@@ -101,16 +101,19 @@ def test_nothing_ok_means_no_optimal_config() -> None:
     assert "z0" in tuner.summary().pruned
 
 
-def test_model_based_measures_its_favourite_variant_whole_before_searching_the_next() -> None:
-    tuner = fast_tuner(Landscape().budget_bytes, tuner_type="model_based", tuner_early_stopping=99)
-    asked = drive(tuner, Landscape())
-    first = asked[0].stage
-    switch = next(i for i, c in enumerate(asked) if c.stage != first)
-    sizes = [c.micro_batch_size for c in asked[:switch]]
-    largest = true_largest_fit(Landscape(), first)
-    assert largest in sizes and sizes[-2:] == [largest // 2, largest // 4]
-    grid = fast_tuner(Landscape().budget_bytes, tuner_early_stopping=99)
-    assert sorted(c.name for c in asked) == sorted(c.name for c in drive(grid, Landscape()))
+def test_model_based_measures_every_variant_and_stops_when_nothing_can_beat_the_best() -> None:
+    landscape = Landscape(noise=0.02)
+    tuner = fast_tuner(landscape.budget_bytes, tuner_type="model_based", num_remeasure=2)
+    asked = drive(tuner, landscape)
+    grid = drive(fast_tuner(landscape.budget_bytes, tuner_early_stopping=99), landscape)
+    optimum = max(landscape.throughput(c.ds_config) for c in grid if landscape.run(c).ok)
+    summary = tuner.summary()
+    best = tuner.optimal_config()
+    assert best is not None and landscape.throughput(best) >= 0.98 * optimum
+    assert set(summary.best_per_variant) == {"z0", "z1", "z2", "z3"}  # each measured once
+    assert summary.stop_reason.startswith("the cost model predicts no configuration left")
+    assert len(asked) < len(grid)  # the grid's 20 are its search alone
+    assert summary.cost_model is not None and summary.cost_model["num_observations"] > 0
 
 
 def test_a_variant_the_trial_cap_never_reached_is_not_called_one_where_nothing_fits() -> None:

@@ -49,8 +49,8 @@ def test_sizes_the_measurement_did_not_visit_follow_memory_and_interpolate() -> 
     assert run(runner, "z1_mbs9")[0] is Status.oom  # above a size that ran out of memory
     assert runner.value("z1_mbs3") == pytest.approx(15.0)  # between 2 (10.0) and 4 (20.0)
     assert runner.value("z1_mbs1") == pytest.approx(5.0)  # from no throughput at size 0
-    with pytest.raises(MissingMeasurement, match="no measurement of z1_mbs6_oc1"):
-        runner.value("z1_mbs6_oc1")  # above what ran with these knobs, below no failure
+    with pytest.raises(MissingMeasurement, match="no measurement of z1_mbs6"):
+        runner.value("z1_mbs6_oc1")  # above what ran with these knobs or without, no failure
 
 
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
@@ -80,7 +80,8 @@ def test_on_real_measurements_the_search_finds_each_stages_largest_micro_batch(
     bracketed = {v: s for v, s in largest.items() if s < cap}  # else the largest allowed fits
     for variant, size in bracketed.items():
         assert runner.value(f"{variant}_mbs{size + 1}") is None  # bracketed to one size
-    for tuner_type in ("random", "model_based"):
+    # model_based searches a stage's memory boundary only where the stage could win.
+    for tuner_type in ("gridsearch", "random"):
         asked = replay(table, tuner_type, seed=1).names
         for variant, size in largest.items():
             assert f"{variant}_mbs{size}" in asked

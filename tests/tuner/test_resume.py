@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import optuna
 import pytest
 
 from autotune.experiment import ExperimentResult
@@ -67,19 +64,3 @@ def test_replayed_time_counts_toward_the_budget() -> None:
     assert [c.repeat_of is None for c in drive(resumed, landscape, clock=clock)] == [True, False]
 
 
-def test_the_optuna_study_lives_in_sqlite_and_a_resumed_run_continues_it(tmp_path: Path) -> None:
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    landscape = Landscape()
-    first = small_tuner("model_based", storage=storage, tuner_num_trials=12, num_remeasure=0)
-    log = run_some(first, landscape, 9)  # into the knob phase
-    second = small_tuner("model_based", storage=storage, tuner_num_trials=12, num_remeasure=0)
-    for result in log:
-        second.tell(result)
-    rest = drive(second, landscape)
-    names = [r.name for r in log] + [c.name for c in rest]
-    assert len(set(names)) == len(names)
-
-    study = optuna.load_study(study_name="autotune-throughput-knobs", storage=storage)
-    points = [t.user_attrs["point"] for t in study.trials if "point" in t.user_attrs]
-    assert len(points) == len(set(points)), "an outcome was added to the study twice"
-    assert not [t for t in study.trials if t.state.name == "RUNNING"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.config import load_config
-from autotune.tuner import OptunaSampler, Point, RandomSampler, Subspace, Tuner, build_space
+from autotune.tuner import OptunaSampler, Point, RandomSampler, Subspace, build_space
 from autotune.tuner.prior import variant_order
 from tests.tuner.landscape import MODEL
 
@@ -62,9 +62,7 @@ def test_each_tuner_searches_the_variants_in_its_own_order() -> None:
     shuffled = {tuple(p.variant.label for p in variant_order(plans, "random", s)) for s in range(8)}
     assert len(shuffled) > 1  # seeded: each seed its own order
     prior = [p.variant.label for p in variant_order(plans, "model_based", 0, MODEL)]
-    assert prior == ["z2", "z1", "z3", "z0"]
-    first = Tuner(config, MODEL, device_memory_bytes=budget).ask()
-    assert first is not None and first.name.startswith("z2_")
+    assert prior == ["z2", "z1", "z3", "z0"]  # before the cost model knows the workload
 
 
 def test_what_practice_recommends_comes_first_the_best_variants_first() -> None:
