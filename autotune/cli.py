@@ -269,6 +269,72 @@ def run(
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
 
 
+class PlanFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command()
+def plan(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="DeepSpeed config; default: built-in.")
+    ] = None,
+    workload: Annotated[
+        str, typer.Option(help="As for run: gpt, mlp, hf:<model_type>, package.module:function.")
+    ] = DEFAULT_WORKLOAD,
+    workload_arg: Annotated[
+        list[str] | None,
+        typer.Option("--workload-arg", "-a", help="key=value for the workload (repeatable)."),
+    ] = None,
+    hardware: Annotated[
+        str | None,
+        typer.Option(
+            help="A GPU from the catalog (v100-32gb, a100-40gb, a100-80gb, h100-80gb, "
+            "h200-141gb) or a JSON file with the same fields.",
+        ),
+    ] = None,
+    world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = 8,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(min=1, help="Default: the hardware's usual node.")
+    ] = None,
+    from_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--from", help="A finished model_based run: predict with the constants it fitted."
+        ),
+    ] = None,
+    format: Annotated[PlanFormat, typer.Option("--format", "-f")] = PlanFormat.table,
+    top: Annotated[int | None, typer.Option(min=1, help="Show the best N only.")] = None,
+) -> None:
+    """Predict, without running anything, how each configuration would train on hardware
+    you may not have: the ranking of the search space by the cost model, and what fits."""
+    from autotune.config import read_json
+    from autotune.planning import PlanRequest, make_plan
+    from autotune.workloads import WorkloadError, parse_workload_args
+
+    try:
+        spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
+        request = PlanRequest(
+            config=spec,
+            workload=workload,
+            workload_args=parse_workload_args(workload_arg or []),
+            world_size=world_size,
+            gpus_per_node=gpus_per_node,
+            hardware=hardware,
+            from_dir=from_dir,
+        )
+        rows, device, fitted = make_plan(request)
+    except (ConfigError, WorkloadError) as err:
+        raise fail(str(err)) from None
+    rows = rows[:top] if top else rows
+    if format is PlanFormat.json:
+        typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
+        return
+    from autotune.display import print_plan
+
+    print_plan(rows, device, world_size, source="a run's fit" if fitted else "the datasheet")
+
+
 def _make_runner(kind: RunnerKind, ray_address: str | None, gpus_per_rank: float | None) -> Any:
     from autotune.runner import LocalRunner
 

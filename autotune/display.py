@@ -15,6 +15,8 @@ from autotune.metric import PEAK_MEMORY_LABEL
 
 if TYPE_CHECKING:
     from autotune.tuner import TuningSummary
+    from autotune.tuner.hardware import Hardware
+    from autotune.tuner.plan import PlannedConfig
     from autotune.tuning import TuningEvent, TuningReport
 
 
@@ -148,3 +150,33 @@ def print_report(console: Console, report: TuningReport) -> None:
     console.print(f"optimal config: {report.optimal_config_path}", highlight=False)
     if report.command is not None:
         console.print(f"train with it: {report.command}", highlight=False, markup=False)
+
+
+def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, source: str) -> None:
+    """``autotune plan``'s table: the predicted ranking, best first, for a person."""
+    console = Console()
+    table = Table(
+        title=f"predicted on {world_size} x {hardware.name} ({source}); a prediction, not a "
+        "measurement: autotune run measures",
+        title_justify="left",
+    )
+    table.add_column("configuration", no_wrap=True)
+    for column in ("stage", "micro", "accum", "offload"):
+        table.add_column(column)
+    for column in ("samples/s", "80% range", "s/step", "TFLOPS/GPU", "memory/GPU", "fits"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            row.name,
+            str(row.zero_stage),
+            str(row.micro_batch_size),
+            str(row.gradient_accumulation_steps),
+            row.offload,
+            f"{row.throughput:.1f}",
+            f"{row.throughput_low:.0f}-{row.throughput_high:.0f}",
+            f"{row.latency:.3f}",
+            f"{row.tflops_per_gpu:.1f}",
+            format_size(row.memory_bytes),
+            "yes" if row.fits else "no",
+        )
+    console.print(table)

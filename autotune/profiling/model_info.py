@@ -78,6 +78,62 @@ def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     return sum(saved.values())
 
 
+def saved_activation_bytes_on_meta(model: nn.Module, inputs: Sequence[Any]) -> int:
+    """:func:`saved_activation_bytes` of a model whose parameters and inputs live on the meta
+    device: nothing is allocated, so a model larger than this machine is measured too.
+    Meta storages have no address; each is known by its identity instead."""
+    own = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+    keep: list[torch.Tensor] = []  # alive until counted, so no identity is reused meanwhile
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in own:
+            saved[storage._cdata] = storage.nbytes()
+            keep.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(*inputs)
+    del loss
+    keep.clear()
+    return sum(saved.values())
+
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def model_info_on_meta(workload: Workload, precision: str = "fp32") -> ModelInfo:
+    """:func:`model_info` of a workload built on the meta device (``torch.device("meta")``),
+    its floating-point parameters in ``precision`` (``fp16`` and ``bf16`` train in half
+    precision, so their activations are half the size): what ``autotune plan`` knows of a
+    model it will not run.
+
+    Raises:
+        RuntimeError: the model does not run on meta (an op without a meta kernel, a tensor
+            made on a fixed device).
+    """
+    model = workload.model.to(_DTYPES[precision])
+    params = list({id(p): p for p in model.parameters()}.values())
+    generator = torch.Generator().manual_seed(0)
+
+    def on_meta(size: int) -> list[Any]:
+        return [
+            x.to("meta") if isinstance(x, torch.Tensor) else x
+            for x in workload.make_batch(size, generator)
+        ]
+
+    one = saved_activation_bytes_on_meta(model, on_meta(1))
+    two = saved_activation_bytes_on_meta(model, on_meta(2))
+    flops = flops_per_micro_batch(workload, 1, on_meta=True)
+    return ModelInfo(
+        num_params=sum(p.numel() for p in params),
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        activation_bytes_per_sample=max(two - one, 0),
+        flops_per_sample=float(flops),
+    )
+
+
 def model_info(workload: Workload, micro_batch_size: int = 1) -> ModelInfo:
     """Parameters, activation bytes and FLOPs of a workload, in about a second.
 

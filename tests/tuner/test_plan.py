@@ -1,0 +1,147 @@
+"""``autotune plan``: the predicted ranking of a search space on hardware not at hand, as a
+JSON list a program reads and a table a person reads; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.tuner.hardware import CATALOG, load_hardware
+
+runner = CliRunner()
+FIELDS = {
+    "name",
+    "zero_stage",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "offload",
+    "throughput",
+    "latency",
+    "memory_bytes",
+    "fits",
+}
+CONFIG = {
+    "fp16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": {"stage": "all"},
+    "autotuning": {"max_train_micro_batch_size_per_gpu": 64},
+}
+
+
+def plan_json(tmp_path: Path, *args: str) -> list[dict[str, object]]:
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(CONFIG))
+    result = runner.invoke(
+        app, ["plan", "--config", str(config), "-a", "n_layer=4", "--format", "json", *args]
+    )
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, object]] = json.loads(result.stdout)
+    return rows
+
+
+def test_the_json_lists_every_configuration_best_first_those_that_fit_before(
+    tmp_path: Path,
+) -> None:
+    rows = plan_json(tmp_path, "--hardware", "a100-80gb", "--world-size", "16")
+    assert rows and all(set(row) >= FIELDS for row in rows)
+    fits = [row["fits"] for row in rows]
+    assert fits == sorted(fits, reverse=True)  # every fitting one before any that does not
+    fitting = [row for row in rows if row["fits"]]
+    throughputs = [float(row["throughput"]) for row in fitting]  # type: ignore[arg-type]
+    assert throughputs == sorted(throughputs, reverse=True)
+    assert {row["zero_stage"] for row in rows} == {0, 1, 2, 3}
+    for row in rows:  # latency and throughput say the same, at the global batch
+        batch = int(row["micro_batch_size"]) * int(row["gradient_accumulation_steps"]) * 16  # type: ignore[call-overload]
+        assert float(row["throughput"]) * float(row["latency"]) == pytest.approx(batch)  # type: ignore[arg-type]
+    # Each stage's largest fitting micro-batch is listed, and the first that does not fit.
+    for stage in range(4):
+        sizes = [r for r in rows if r["zero_stage"] == stage]
+        assert (
+            any(not r["fits"] for r in sizes)
+            or max(
+                int(r["micro_batch_size"])
+                for r in sizes  # type: ignore[call-overload]
+            )
+            == 64
+        )
+
+
+def test_more_memory_fits_larger_micro_batches_and_sharding_fits_more(tmp_path: Path) -> None:
+    def largest(rows: list[dict[str, object]], stage: int) -> int:
+        return max(
+            int(r["micro_batch_size"])  # type: ignore[call-overload]
+            for r in rows
+            if r["fits"] and r["zero_stage"] == stage
+        )
+
+    big = ("-a", "d_model=2048", "-a", "seq_len=2048")
+    small = plan_json(tmp_path, "--hardware", "a100-40gb", *big)
+    large = plan_json(tmp_path, "--hardware", "a100-80gb", *big)
+    assert largest(large, 0) > largest(small, 0)
+    assert largest(small, 3) >= largest(small, 0)
+
+
+def test_a_hardware_file_with_the_catalog_fields_plans_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "mygpu.json"
+    path.write_text(json.dumps({**CATALOG["h100-80gb"].to_dict(), "name": "mygpu"}))
+    assert load_hardware(str(path)).memory_bytes == CATALOG["h100-80gb"].memory_bytes
+    from_file = plan_json(tmp_path, "--hardware", str(path))
+    from_catalog = plan_json(tmp_path, "--hardware", "h100-80gb")
+    assert [r["name"] for r in from_file] == [r["name"] for r in from_catalog]
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--hardware", "tpu-v9"], ["--hardware", "tpu-v9", "v100-32gb"]),
+        (["--hardware", "a100-80gb", "--world-size", "12"], ["--world-size", "12", "8"]),
+        (["--world-size", "8"], ["--hardware"]),
+        (["--from", "nowhere"], ["--from", "summary.json"]),
+    ],
+)
+def test_bad_input_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path, args: list[str], names: list[str]
+) -> None:
+    result = runner.invoke(app, ["plan", *args])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert all(name in lines[0] for name in names), lines[0]
+
+
+def test_bad_hardware_files_name_the_problem(tmp_path: Path) -> None:
+    missing = tmp_path / "partial.json"
+    missing.write_text(json.dumps({"peak_flops": {"fp32": 1e12}}))
+    result = runner.invoke(app, ["plan", "--hardware", str(missing)])
+    assert result.exit_code == 2 and "missing memory_bytes" in result.stderr
+
+
+def test_the_table_is_for_a_person(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", "--hardware", "v100-32gb", "--top", "3"])
+    assert result.exit_code == 0, result.output
+    assert "a prediction, not a measurement" in result.stdout
+    assert "z" in result.stdout and "yes" in result.stdout
+
+
+def test_from_a_finished_run_predicts_with_its_fitted_constants(tmp_path: Path) -> None:
+    from autotune.tuner.cost_model import CostModel, Topology, prior_for
+
+    prior = prior_for(CATALOG["a100-80gb"], Topology(8, 8, "fp16"))
+    fitted = CostModel.from_prior(prior)
+    slower = fitted.to_dict()
+    slower["u"][0] -= 1.0  # this run's compute was e times slower than the datasheet's
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"cost_model": slower}))
+    datasheet = plan_json(tmp_path, "--hardware", "a100-80gb")
+    measured = plan_json(tmp_path, "--from", str(run))  # the run's hardware: a100-80gb
+    by_name = {r["name"]: float(r["throughput"]) for r in datasheet}  # type: ignore[arg-type]
+    assert all(float(r["throughput"]) < by_name[str(r["name"])] for r in measured)  # type: ignore[arg-type]
+
+    (run / "summary.json").write_text(json.dumps({"cost_model": None}))
+    result = runner.invoke(app, ["plan", "--from", str(run)])
+    assert result.exit_code == 2 and "not model_based" in result.stderr
