@@ -249,6 +249,15 @@ class ZeroEngine(nn.Module):
             )
         yield
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """DeepSpeed's ``engine.compile()``, which Accelerate calls where torch compile is
+        turned on: refused, as the engine's hooks and saved-tensor packing are not compiled."""
+        del args, kwargs
+        raise NotImplementedError(
+            "DeepSpeed's engine.compile() is not served by autotune's built-in engine: turn "
+            "torch compile off (Accelerate's dynamo_backend, the Trainer's --torch_compile)"
+        )
+
     def destroy(self) -> None:
         """Release the engine's hold on the model: its gradient and gathering hooks. The model
         keeps this rank's parameters as the engine left them (at stage 3, its shards)."""

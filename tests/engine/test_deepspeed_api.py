@@ -529,3 +529,13 @@ def test_a_client_that_gathers_a_head_it_reads_itself_trains_as_at_stage_0() -> 
             losses[stage].append(loss.item())
     assert losses[3] == pytest.approx(losses[0], rel=1e-6)
     assert len(set(losses[0])) == 4
+
+
+def test_what_the_engine_does_not_do_is_refused_naming_it() -> None:
+    engine, *_ = deepspeed.initialize(model=_model(), config=CONFIG)
+    with pytest.raises(NotImplementedError, match=r"engine\.compile\(\) is not served"):
+        engine.compile(backend="inductor", compile_kwargs={})
+    autotp = {**CONFIG, "tensor_parallel": {"autotp_size": 2}}
+    with pytest.raises(ConfigError, match=r"tensor_parallel\.autotp_size: 2 is not supported"):
+        deepspeed.initialize(model=_model(), config=autotp)
+    deepspeed.initialize(model=_model(), config={**CONFIG, "tensor_parallel": {"autotp_size": 1}})
