@@ -8,8 +8,9 @@ and ``from deepspeed.<module> import ...`` resolve here and the installed-packag
 transformers and accelerate find a ``deepspeed`` distribution of :data:`SERVED_VERSION`.
 
 The served modules, in DeepSpeed's layout (:data:`SERVED_MODULES`): ``comm``, ``zero``,
-``accelerator``, ``utils``, ``runtime.engine`` (``DeepSpeedEngine``), ``runtime.lr_schedules``,
-``runtime.zero.partition_parameters``, ``checkpoint.utils`` and ``ops.adam``. A name of
+``accelerator``, ``utils`` and ``utils.logging``, ``runtime.engine`` (``DeepSpeedEngine``),
+``runtime.lr_schedules``, ``runtime.zero.partition_parameters`` (with ``ZeroParamStatus``),
+``checkpoint.utils``, ``ops.adam`` and ``ops.adagrad``. A name of
 DeepSpeed's that is not served raises an ``AttributeError`` that says so, never a silent
 stand-in.
 """
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 from autotune.lazy import lazy_getattr
 
-# The DeepSpeed release whose API this surface serves, reported to installed-package checks
-# (importlib.metadata) with autotune's own version as the local label. Everything transformers
-# and accelerate call on DeepSpeed 0.14.0 is served; what later releases added and accelerate
-# gates on the version (engine.compile from 0.14.4, AutoTP from 0.16.4, Ulysses sequence
-# parallelism from 0.18.2) is not, and at 0.14.0 accelerate never asks for it.
-SERVED_VERSION = "0.14.0"
+# The DeepSpeed release whose API this surface reports (importlib.metadata and __version__),
+# with autotune's own version as the local label, decided from the clients' own version gates
+# (transformers 5.24, Accelerate 1.15, TRL 1.16, PEFT 0.21, Lightning 2.6): Lightning refuses a
+# DeepSpeed older than 0.16.0 under torch >= 2.6, and Accelerate gates what the engine does not
+# do on later releases (engine.compile from 0.14.4, AutoTP from 0.16.4, Ulysses sequence
+# parallelism from 0.18.2), each only where the user turned it on. At 0.18.2 every one of those
+# gates is open, so a feature the user turned on reaches autotune's own refusal naming it,
+# rather than the client's advice to upgrade DeepSpeed, which could not help.
+SERVED_VERSION = "0.18.2"
 __version__ = f"{SERVED_VERSION}+autotune"
 
 # Every module a client may import, relative to the package: one list, for the package's own
@@ -34,6 +38,7 @@ SERVED_MODULES = (
     "checkpoint.utils",
     "comm",
     "ops",
+    "ops.adagrad",
     "ops.adam",
     "runtime",
     "runtime.engine",
@@ -41,6 +46,7 @@ SERVED_MODULES = (
     "runtime.zero",
     "runtime.zero.partition_parameters",
     "utils",
+    "utils.logging",
     "zero",
 )
 

@@ -1,9 +1,10 @@
 """autotune standing in for DeepSpeed inside the processes that run a user's script.
 
-transformers and Accelerate decide whether DeepSpeed is there once, when they are first
-imported, from ``importlib.util.find_spec("deepspeed")`` and ``importlib.metadata`` (a
-``deepspeed`` distribution of 0.9.3 or later), and import its names as they need them. While
-standing in:
+transformers, Accelerate and Lightning decide whether DeepSpeed is there once, when they are
+first imported (or first ask), from ``importlib.util.find_spec("deepspeed")`` and
+``importlib.metadata`` (a ``deepspeed`` distribution: 0.9.3 or later for transformers and
+Accelerate, 0.16.0 or later for Lightning under torch 2.6+), and import its names as they need
+them. While standing in:
 
 - ``sys.modules`` holds :mod:`autotune.deepspeed` and every served module under DeepSpeed's
   names (``deepspeed``, ``deepspeed.comm``, ``deepspeed.runtime.lr_schedules``, ...);
@@ -17,10 +18,10 @@ standing in:
 Nothing is written to site-packages, and outside :func:`standing_in` (or a process started by
 ``python -m autotune.launch``) a real DeepSpeed is what ``import deepspeed`` finds.
 
-Transformers or Accelerate imported in this process while autotune did not stand in have
-already decided DeepSpeed is absent: :func:`standing_in` drops them from ``sys.modules`` so
-the script imports them again (and keeps those imported while standing in between runs, so a
-warm rank pays the import once).
+Clients imported in this process while autotune did not stand in have already decided
+DeepSpeed is absent: :func:`standing_in` drops them (and TRL and PEFT, built on them) from
+``sys.modules`` so the script imports them again (and keeps those imported while standing in
+between runs, so a warm rank pays the import once).
 """
 
 from __future__ import annotations
@@ -42,8 +43,17 @@ from typing import Any
 import autotune.deepspeed as served
 
 NAME = "deepspeed"
-# The clients whose import decides for good whether DeepSpeed is there.
-CLIENTS = ("transformers", "accelerate")
+# The clients whose import decides for good whether DeepSpeed is there (Lightning caches its
+# answer), and those built on them (TRL and PEFT subclass transformers' classes: they go with it).
+CLIENTS = (
+    "transformers",
+    "accelerate",
+    "trl",
+    "peft",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "lightning",
+)
 # Client modules imported while standing in, so still right to reuse (see _forget_clients).
 _imported_standing_in: set[str] = set()
 
@@ -114,12 +124,15 @@ def standing_in() -> Iterator[None]:
     """Stand in for DeepSpeed inside the block: one script's run in a warm rank process.
 
     What ``deepspeed`` names in ``sys.modules`` and ``sys.meta_path`` come back as they were
-    after the block, and Accelerate's process-wide state (its ``PartialState`` singleton, set
-    up by this run's process group) is reset for the next run.
+    after the block, and so does the level of DeepSpeed's logger; Accelerate's process-wide
+    state (its ``PartialState`` singleton, set up by this run's process group) is reset for the
+    next run.
     """
     _forget_clients()
     aliases = served_modules()
     saved = {name: sys.modules.get(name) for name in aliases}
+    # Clients set DeepSpeed's log level (Lightning, the Trainer); it is this run's only.
+    log_level = served.utils.logger.level
     sys.modules.update(aliases)
     sys.meta_path.insert(0, _FINDER)
     _let_accelerate_see_the_cpu_group()
@@ -136,6 +149,7 @@ def standing_in() -> Iterator[None]:
                 sys.modules[name] = module
         _imported_standing_in.update(m for m in sys.modules if _is_client(m))
         reset_accelerate()
+        served.utils.logger.setLevel(log_level)
 
 
 def _is_client(module: str) -> bool:
@@ -143,8 +157,8 @@ def _is_client(module: str) -> bool:
 
 
 def _forget_clients() -> None:
-    """Drop transformers and Accelerate from ``sys.modules`` if any of them was imported
-    while autotune did not stand in: they decided then that DeepSpeed is absent, for good."""
+    """Drop the clients from ``sys.modules`` if any of them was imported while autotune did
+    not stand in: they decided then that DeepSpeed is absent, for good."""
     loaded = [m for m in sys.modules if _is_client(m)]
     if all(m in _imported_standing_in for m in loaded):
         return

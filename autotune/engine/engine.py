@@ -249,6 +249,15 @@ class ZeroEngine(nn.Module):
             )
         yield
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """DeepSpeed's ``engine.compile()``, which Accelerate calls where torch compile is
+        turned on: refused, as the engine's hooks and saved-tensor packing are not compiled."""
+        del args, kwargs
+        raise NotImplementedError(
+            "DeepSpeed's engine.compile() is not served by autotune's built-in engine: turn "
+            "torch compile off (Accelerate's dynamo_backend, the Trainer's --torch_compile)"
+        )
+
     def destroy(self) -> None:
         """Release the engine's hold on the model: its gradient and gathering hooks. The model
         keeps this rank's parameters as the engine left them (at stage 3, its shards)."""
@@ -435,11 +444,37 @@ class ZeroEngine(nn.Module):
         fp32 master copy, so the next step trains from them.
         """
         params = [p for p in params if self.owns(p)]
-        units = None if self.stage3 is None else self.stage3.units_of(params)
-        with self.stage3.gathered(units) if self.stage3 is not None else nullcontext():
+        if self.stage3 is None:
             yield
             if modifier_rank is not None:
                 self._take_modified(params, modifier_rank)
+            return
+        with self.stage3.gathered(self.stage3.units_of(params)), self._saved_plainly():
+            yield
+            if modifier_rank is not None:
+                self._take_modified(params, modifier_rank)
+
+    @contextmanager
+    def _saved_plainly(self) -> Iterator[None]:
+        """Inside the block, what autograd saves is saved as it would be without the engine.
+
+        A parameter saved whole then comes back in backward as the same object, as with
+        DeepSpeed: a client that gathered it for a forward of its own (TRL's fused LM head)
+        reads its ``ds_status`` there and gathers it again. Saved through the engine's
+        saved-tensor hooks it would come back as a new tensor. The hooks are on top of
+        autograd's stack while the engine's forward runs: they are taken off for the block
+        and put back after it (what is saved in the block is not counted as activations).
+        """
+        autograd = torch._C._autograd
+        top = autograd._top_saved_tensors_default_hooks(True)
+        if top is None or top != (self._pack, self._unpack):
+            yield
+            return
+        autograd._pop_saved_tensors_default_hooks()
+        try:
+            yield
+        finally:
+            autograd._push_saved_tensors_default_hooks(*top)
 
     @torch.no_grad()
     def _take_modified(self, params: Sequence[nn.Parameter], modifier_rank: int) -> None:

@@ -104,6 +104,11 @@ def check_supported(config: Config) -> None:
         )
     if zero.mics_shard_size > 0:
         raise _unsupported("zero_optimization.mics_shard_size", zero.mics_shard_size)
+    # AutoTP: Accelerate hands such a config straight to initialize() (the engine is data
+    # parallel only; training it would silently replicate what the user asked to split).
+    autotp_size = (config.tensor_parallel or {}).get("autotp_size", 0)
+    if isinstance(autotp_size, int) and autotp_size > 1:
+        raise _unsupported("tensor_parallel.autotp_size", autotp_size)
 
 
 def resolve_zero(zero: ZeroConfig, num_params: int) -> ZeroSettings:

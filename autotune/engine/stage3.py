@@ -12,11 +12,25 @@ trace drives prefetching (up to ``stage3_prefetch_bucket_size`` elements ahead),
 whose next use is near (``stage3_max_reuse_distance``) and caps what is gathered at once
 (``stage3_max_live_parameters``). Parameters smaller than
 ``stage3_param_persistence_threshold`` share one unit that is never released.
+
+Every parameter of the model carries DeepSpeed's ZeRO-3 attributes, which clients read (TRL
+gathers a parameter whose ``ds_status`` is not AVAILABLE, PEFT sizes layers by ``ds_shape``,
+Lightning's model summary counts ``ds_numel`` and ``partition_numel()``): ``ds_id``,
+``ds_numel``, ``ds_shape``, ``ds_tensor`` (this rank's part of it, a view of the shard) and
+``ds_status``. The status says whether a client may use the data now: AVAILABLE while the
+engine holds the unit whole for a use (its module's forward or backward, a
+``GatheredParameters`` block, or always for a persistent unit), INFLIGHT while it is being
+gathered, NOT_AVAILABLE otherwise, including a unit gathered ahead of need or kept for its next
+use: the engine may release such a unit at its next fetch, so a client that wants it gathers it
+(which then costs nothing). Parameters the engine does not train (a LoRA model's base) are held
+whole on every rank: AVAILABLE always, and their ``ds_tensor`` is all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import enum
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -26,6 +40,33 @@ from torch import nn
 from autotune.engine.collectives import Communicator, Handle
 from autotune.engine.memory_tracker import MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, shard_piece
+
+
+class ZeroParamStatus(enum.Enum):
+    """Where a stage-3 parameter's data is, as DeepSpeed names it (its values too)."""
+
+    AVAILABLE = 1  # whole on this rank, for a use (a module's, a GatheredParameters block's)
+    NOT_AVAILABLE = 2  # partitioned, or gathered with no use holding it (may go any fetch)
+    INFLIGHT = 3  # being gathered
+
+
+# DeepSpeed numbers parameters once a process, in the order they are partitioned.
+_param_ids = itertools.count()
+
+
+def tag_whole(params: Iterable[nn.Parameter]) -> None:
+    """Give parameters held whole on every rank the stage-3 attributes: AVAILABLE always."""
+    for param in params:
+        _tag(param, param.data.reshape(-1))
+        param.ds_status = ZeroParamStatus.AVAILABLE  # type: ignore[attr-defined]
+
+
+def _tag(param: nn.Parameter, local: torch.Tensor) -> None:
+    param.ds_id = next(_param_ids)  # type: ignore[attr-defined]
+    param.ds_numel = param.numel()  # type: ignore[attr-defined]
+    param.ds_shape = param.shape  # type: ignore[attr-defined]
+    param.ds_tensor = local  # type: ignore[attr-defined]
+    param.partition_numel = local.numel  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -46,6 +87,7 @@ class _Unit:
     full: torch.Tensor | None = None
     handle: Handle | None = None
     active: bool = False  # a module's forward, or backward, is using it right now
+    pins: int = 0  # GatheredParameters blocks holding it whole
     grads_left: int = 0
     views: list[torch.Tensor] = field(default_factory=list)
 
@@ -126,6 +168,7 @@ class Stage3Params:
         self._recording = True
         self._cursor = 0
         self._hooks = self._install_hooks(module)
+        self._tag_params()
         self.gather_persistent()
 
     # --- setting up -----------------------------------------------------------------------
@@ -138,6 +181,21 @@ class Stage3Params:
             view.copy_(param.detach())
         shard_piece(self.shard, segment).copy_(full.view(self.comm.world_size, -1)[self.comm.rank])
         self._release_data(unit)
+
+    def _tag_params(self) -> None:
+        """DeepSpeed's attributes on every partitioned parameter; ``ds_tensor`` is the part of
+        it in this rank's chunk of its unit (empty when the chunk holds none of it)."""
+        layout, rank = self.layout, self.comm.rank
+        for unit in self.units:
+            segment = layout.segments[unit.segment]
+            chunk = shard_piece(self.shard, segment)
+            lo, hi = rank * segment.chunk, (rank + 1) * segment.chunk
+            for index, param in zip(segment.params, unit.params, strict=True):
+                begin = layout.offset_in_segment(index)
+                start = min(max(begin, lo), hi) - lo
+                stop = max(min(begin + param.numel(), hi), lo) - lo
+                _tag(param, chunk[start:stop])
+                param.ds_status = ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
 
     def _views(self, full: torch.Tensor, unit: _Unit) -> list[torch.Tensor]:
         layout = self.layout
@@ -189,6 +247,7 @@ class Stage3Params:
         self.tracker.add("params" if unit.persistent else "gathered", tensor_bytes(full))
         unit.handle = self.comm.all_gather(full, shard_piece(self.shard, segment))
         unit.full = full
+        self._publish(unit)
         self._by_storage[full.untyped_storage().data_ptr()] = index
         if not unit.persistent:
             self._live_numel += unit.numel
@@ -203,6 +262,7 @@ class Stage3Params:
             unit.views = self._views(unit.full, unit)
             for param, view in zip(unit.params, unit.views, strict=True):
                 param.data = view
+        self._publish(unit)
         return unit.full
 
     def _release(self, index: int) -> None:
@@ -222,13 +282,28 @@ class Stage3Params:
     def _release_data(self, unit: _Unit) -> None:
         for param in unit.params:
             param.data = self._placeholder.expand(param.shape)
+        self._publish(unit)
+
+    def _publish(self, unit: _Unit) -> None:
+        """The unit's parameters' ``ds_status``, from where its data is and who holds it."""
+        if unit.full is None:
+            status = ZeroParamStatus.NOT_AVAILABLE
+        elif unit.handle is not None:
+            status = ZeroParamStatus.INFLIGHT
+        elif unit.persistent or unit.active or unit.pins:
+            status = ZeroParamStatus.AVAILABLE
+        else:  # gathered ahead of need or kept for reuse: the next fetch may release it
+            status = ZeroParamStatus.NOT_AVAILABLE
+        for param in unit.params:
+            param.ds_status = status  # type: ignore[attr-defined]
 
     def _make_room(self, numel: int, keep: int) -> None:
         """Release idle gathered units until ``numel`` more fits under max_live_parameters."""
         for index, unit in enumerate(self.units):
             if self._live_numel + numel <= self.limits.max_live_numel:
                 return
-            if index != keep and unit.full is not None and not unit.active and not unit.persistent:
+            idle = not unit.active and not unit.pins and not unit.persistent
+            if index != keep and unit.full is not None and idle:
                 self._release(index)
 
     # --- the protocol the engine and hooks follow --------------------------------------------
@@ -251,8 +326,10 @@ class Stage3Params:
         if unit.persistent or not unit.active:
             return
         unit.active = False
-        if self._reuse_distance(index) > self.limits.max_reuse_distance:
+        if self._reuse_distance(index) > self.limits.max_reuse_distance and not unit.pins:
             self._release(index)
+        else:
+            self._publish(unit)
 
     def begin_micro_step(self) -> None:
         self._cursor = 0
@@ -276,18 +353,23 @@ class Stage3Params:
         """After backward: nothing but the persistent unit stays gathered."""
         for index, unit in enumerate(self.units):
             unit.active = False
-            if not unit.persistent:
+            if not unit.persistent and not unit.pins:
                 self._release(index)
+            else:
+                self._publish(unit)
         self._recording = False
 
     def gather_persistent(self) -> None:
+        """Gather the units that stay whole: the persistent one, and any a GatheredParameters
+        block holds."""
         for index, unit in enumerate(self.units):
-            if unit.persistent:
+            if unit.persistent or unit.pins:
                 self._start_gather(index)
                 self._wait(index)
 
     def invalidate(self) -> None:
-        """The shards changed (a step): drop every gathered copy, re-gather the persistent unit."""
+        """The shards changed (a step): drop every gathered copy, gather again what stays
+        whole."""
         for index in range(len(self.units)):
             self._release(index)
         self.gather_persistent()
@@ -298,17 +380,28 @@ class Stage3Params:
 
     @contextmanager
     def gathered(self, units: Sequence[int] | None = None) -> Iterator[None]:
-        """Every parameter (or those of ``units``) whole for the duration."""
+        """Every parameter (or those of ``units``) whole for the duration.
+
+        Units gathered before the block (a module's forward using them, kept for reuse,
+        prefetched) stay gathered after it, as DeepSpeed keeps a parameter a module is using.
+        """
         chosen = range(len(self.units)) if units is None else units
+        fresh = [i for i in chosen if self.units[i].full is None]
         for index in chosen:
+            self.units[index].pins += 1
             self._start_gather(index)
             self._wait(index)
         try:
             yield
         finally:
             for index in chosen:
-                if not self.units[index].persistent:
+                unit = self.units[index]
+                unit.pins -= 1
+                idle = not unit.persistent and not unit.active and not unit.pins
+                if index in fresh and idle:
                     self._release(index)
+                else:
+                    self._publish(unit)
 
     @torch.no_grad()
     def store_gathered(self) -> None:

@@ -20,7 +20,7 @@ from autotune.engine.grads import PartitionedGrads, ReplicatedGrads
 from autotune.engine.memory_tracker import MemoryTracker, tensor_bytes
 from autotune.engine.partition import FlatLayout, group_by_numel, param_views, segment_rows
 from autotune.engine.settings import ZeroSettings
-from autotune.engine.stage3 import Stage3Limits, Stage3Params, plan_units
+from autotune.engine.stage3 import Stage3Limits, Stage3Params, plan_units, tag_whole
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,9 @@ def _build_stage3(module: nn.Module, trainable: list[nn.Parameter], at: Placemen
     layout = FlatLayout.build([p.numel() for p in params], [len(u) for u in units], comm.world_size)
     limits = Stage3Limits(zero.prefetch_numel, zero.max_live_numel, zero.max_reuse_distance)
     stage3 = Stage3Params(module, units, persistent, layout, comm, at.memory, limits)
+    # Parameters the engine does not train stay whole on every rank (a LoRA model's base).
+    ids = {id(p) for p in params}
+    tag_whole(p for p in module.parameters() if id(p) not in ids)
     sizes = group_by_numel([s.numel for s in layout.segments], zero.reduce_bucket_numel)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     buckets = [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]

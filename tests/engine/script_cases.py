@@ -159,3 +159,21 @@ def client_optimizer_matches(stage: int) -> float:
     for name, value in expected.items():
         torch.testing.assert_close(ours[name], value, atol=1e-5, rtol=1.3e-6, msg=name)
     return max(float((ours[k] - v).abs().max()) for k, v in expected.items())
+
+
+def zero3_local_pieces(persistence_threshold: int) -> dict[str, Any]:
+    """Each parameter's ``ds_tensor`` on this rank, its ``ds_*`` sizes, and its whole value."""
+    config = resume_config(3, "fp32")
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = persistence_threshold
+    engine, *_ = initialize(model=make_model(), config=config)
+    whole = engine.module_state_dict()
+    return {
+        name: (
+            param.ds_tensor.tolist(),
+            param.partition_numel(),
+            param.ds_numel,
+            tuple(param.ds_shape),
+            whole[name].flatten().tolist(),
+        )
+        for name, param in engine.module.named_parameters()
+    }

@@ -422,3 +422,120 @@ def test_a_checkpoint_without_frozen_parameters_keeps_the_models_own(
     state = resumed.module_state_dict()
     assert torch.equal(state["0.weight"], torch.full((8, 4), 0.5))
     torch.testing.assert_close(state["2.weight"], trained["2.weight"])
+
+
+def _zero3(model: torch.nn.Module, persistence_threshold: int = 0) -> Any:
+    zero = {"stage": 3, "stage3_param_persistence_threshold": persistence_threshold}
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": zero}
+    return deepspeed.initialize(model=model, config=config)[0]
+
+
+def test_zero3_parameters_carry_deepspeeds_attributes_true_to_where_their_data_is() -> None:
+    from autotune.deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    model = _model()
+    model[2].requires_grad_(False)  # a frozen head: held whole, as the engine holds it
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    engine = _zero3(model)
+    weight, head = model[0].weight, model[2].weight
+    assert weight.ds_status == ZeroParamStatus.NOT_AVAILABLE
+    assert (weight.ds_numel, tuple(weight.ds_shape)) == (32, (8, 4))
+    # One rank holds all of it: its part is the whole parameter, flat.
+    assert weight.partition_numel() == 32 and torch.equal(
+        weight.ds_tensor, before["0.weight"].flatten()
+    )
+    assert head.ds_status == ZeroParamStatus.AVAILABLE and head.partition_numel() == 8
+    ids = [p.ds_id for p in model.parameters()]
+    assert len(set(ids)) == len(ids)
+
+    seen = []
+    model[0].register_forward_pre_hook(lambda module, args: seen.append(module.weight.ds_status))
+    _engine_training(engine, steps=1)
+    assert seen == [ZeroParamStatus.AVAILABLE]  # while its layer is gathered
+    assert weight.ds_status == ZeroParamStatus.NOT_AVAILABLE
+    with deepspeed.zero.GatheredParameters([weight]):
+        assert weight.ds_status == ZeroParamStatus.AVAILABLE
+        assert torch.equal(weight.detach().flatten(), weight.ds_tensor)
+    assert weight.ds_status == ZeroParamStatus.NOT_AVAILABLE
+    # What the Trainer saves for a PEFT model at ZeRO-3: the trained parameters, whole.
+    state = engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
+    assert set(state) == {"0.weight", "0.bias"}
+
+    # Small parameters share a unit that stays gathered: available always.
+    small = _zero3(_model(), persistence_threshold=1000)
+    assert all(p.ds_status == ZeroParamStatus.AVAILABLE for p in small.module.parameters())
+    # Below stage 3 DeepSpeed sets none of them, and neither does the engine.
+    flat, *_ = deepspeed.initialize(model=_model(), config=CONFIG)
+    assert not any(hasattr(p, "ds_status") for p in flat.module.parameters())
+
+
+class _Head(torch.autograd.Function):
+    """A client's fused head, as TRL's chunked log-prob loss: it reads the head's weight
+    itself (no module call), saves it, and at ZeRO-3 gathers it again in backward if it is not
+    there."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.nn.Parameter, zero3: bool
+    ) -> torch.Tensor:
+        ctx.save_for_backward(hidden, weight)
+        ctx.zero3 = zero3
+        return hidden @ weight.t()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        from autotune.deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        hidden, weight = ctx.saved_tensors
+        gathering = ctx.zero3 and weight.ds_status != ZeroParamStatus.AVAILABLE
+        with deepspeed.zero.GatheredParameters([weight], enabled=gathering):
+            return grad @ weight, grad.t() @ hidden, None
+
+
+class _FusedHead(torch.nn.Module):
+    def __init__(self, zero3: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(8, 5, bias=False)
+        self.zero3 = zero3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from autotune.deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        hidden = torch.tanh(self.body(x))
+        weight = self.head.weight
+        gathering = self.zero3 and weight.ds_status != ZeroParamStatus.AVAILABLE
+        with deepspeed.zero.GatheredParameters([weight], enabled=gathering):
+            return _Head.apply(hidden, weight, self.zero3).square().mean()
+
+
+def test_a_client_that_gathers_a_head_it_reads_itself_trains_as_at_stage_0() -> None:
+    """The head is partitioned at ZeRO-3: the client gathers it in forward, and in backward
+    gets back the parameter it saved (not a copy), sees it partitioned again and gathers it."""
+    losses = {}
+    for stage in (0, 3):
+        config = {
+            "train_micro_batch_size_per_gpu": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.05}},
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        }
+        engine, *_ = deepspeed.initialize(model=_FusedHead(stage == 3), config=config)
+        losses[stage] = []
+        for step in range(4):
+            loss = engine(torch.linspace(-1, 1, 8).view(2, 4) * (step + 1))
+            engine.backward(loss)
+            engine.step()
+            losses[stage].append(loss.item())
+    assert losses[3] == pytest.approx(losses[0], rel=1e-6)
+    assert len(set(losses[0])) == 4
+
+
+def test_what_the_engine_does_not_do_is_refused_naming_it() -> None:
+    engine, *_ = deepspeed.initialize(model=_model(), config=CONFIG)
+    with pytest.raises(NotImplementedError, match=r"engine\.compile\(\) is not served"):
+        engine.compile(backend="inductor", compile_kwargs={})
+    autotp = {**CONFIG, "tensor_parallel": {"autotp_size": 2}}
+    with pytest.raises(ConfigError, match=r"tensor_parallel\.autotp_size: 2 is not supported"):
+        deepspeed.initialize(model=_model(), config=autotp)
+    deepspeed.initialize(model=_model(), config={**CONFIG, "tensor_parallel": {"autotp_size": 1}})

@@ -119,3 +119,17 @@ def test_a_save_killed_halfway_leaves_latest_on_the_last_complete_one(
 @pytest.mark.parametrize("stage", [1, 3])
 def test_client_optimizer_instance_is_sharded_correctly(pool: RankPool, stage: int) -> None:
     pool.run(cases.client_optimizer_matches, stage)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("persistence_threshold", [0, 40])
+def test_zero3_ds_tensors_are_each_ranks_part_of_the_parameter(
+    pool: RankPool, persistence_threshold: int
+) -> None:
+    """A parameter's ``ds_tensor`` on rank 0 then rank 1 is the whole of it (a module's
+    parameters split at one point, small ones sharing the persistent unit)."""
+    first, second = pool.run(cases.zero3_local_pieces, persistence_threshold)
+    for name, (piece, numel, ds_numel, shape, whole) in first.items():
+        rest = second[name][0]
+        assert piece + rest == whole, name
+        assert numel == len(piece) and ds_numel == len(whole) == int(torch.tensor(shape).prod())

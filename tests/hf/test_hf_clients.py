@@ -8,17 +8,21 @@ Both scripts here (``clm_trainer.py``, shaped like transformers' ``run_clm.py``,
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.results import load_results
+from tests.client_scripts import (
+    autotune_exec,
+    cli,
+    first_losses,
+    micro_batch_used,
+    tune,
+    write,
+)
 from tests.torchrun import torchrun
 
 pytest.importorskip("transformers")
@@ -28,7 +32,6 @@ pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
 TRAINER = HERE / "clm_trainer.py"
 ACCELERATE = HERE / "clm_accelerate.py"
-cli = CliRunner()
 
 # DeepSpeedExamples' training/autotuning/hf config: the micro-batch left to the tuner, mapped
 # onto the Trainer's flags (the stray space is theirs), and no zero_optimization section, which
@@ -108,25 +111,6 @@ def trainer_args(per_device_batch: int, max_steps: int) -> list[str]:
 TRAINER_ARGS = trainer_args(1, 40)
 
 
-def write(path: Path, config: dict[str, Any]) -> Path:
-    path.write_text(json.dumps(config, indent=2))
-    return path
-
-
-def tune(results: Path, *command: str) -> dict[str, Any]:
-    outcome = cli.invoke(app, ["run", "--results-dir", str(results), "-q", "--", *command])
-    assert outcome.exit_code == 0, outcome.output
-    return json.loads((results / "summary.json").read_text())
-
-
-def micro_batch_used(results: Path, name: str, rank: int) -> int:
-    """The micro-batch the script's model was fed, as the script printed it."""
-    output = (results / "exps" / name / f"rank{rank}.out").read_text()
-    match = re.search(r"micro-batch used: (\d+)", output)
-    assert match, f"{name} rank {rank} printed no micro-batch: {output[-500:]!r}"
-    return int(match.group(1))
-
-
 def assert_tuned(results: Path) -> Any:
     """At least 3 experiments ran ok over 2 stages or more, each at the micro-batch its
     client used; the optimal config and the training command were written."""
@@ -194,18 +178,6 @@ def test_an_accelerate_loop_is_tuned(ray_cluster: str, tmp_path: Path) -> None:
     path, results = write(tmp_path / "ds_config.json", config), tmp_path / "results"
     tune(results, str(ACCELERATE), "--deepspeed_config", str(path), "--max_train_steps", "40")
     assert_tuned(results)
-
-
-def autotune_exec(*script: str | Path) -> subprocess.CompletedProcess[str]:
-    """``autotune exec --nproc 2 -- SCRIPT ARGS``, as a user trains with a tuned config."""
-    command = [sys.executable, "-m", "autotune", "exec", "--nproc", "2", "--", *map(str, script)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-
-
-def first_losses(output: str, count: int = 10) -> list[float]:
-    losses = [float(x) for x in re.findall(r"loss at step \d+: ([-\d.e]+)", output)]
-    assert len(losses) >= count, output[-2000:]
-    return losses[:count]
 
 
 @pytest.fixture(scope="module")

@@ -2,4 +2,6 @@
 
 from autotune.lazy import lazy_getattr
 
-__getattr__ = lazy_getattr("autotune.deepspeed.ops", {}, ("adam",), not_served="DeepSpeed")
+__getattr__ = lazy_getattr(
+    "autotune.deepspeed.ops", {}, ("adagrad", "adam"), not_served="DeepSpeed"
+)

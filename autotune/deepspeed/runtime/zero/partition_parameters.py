@@ -1,4 +1,10 @@
-"""``deepspeed.runtime.zero.partition_parameters``: where DeepSpeed's ``zero.Init`` lives.
+"""``deepspeed.runtime.zero.partition_parameters``: where DeepSpeed's ``zero.Init`` and
+``ZeroParamStatus`` live.
+
+``ZeroParamStatus`` is the ``ds_status`` of a parameter at stage 3 (the engine's own enum, with
+DeepSpeed's names and values): AVAILABLE while it is whole (inside ``GatheredParameters``, while
+its module runs, or when the engine does not train it), NOT_AVAILABLE while partitioned.
+TRL reads it to decide whether to gather its LM head.
 
 transformers wraps ``zero_wrapper_for_fp_tensor_constructor`` around model construction at
 stage 3 (so that ``torch.arange`` keeps its dtype) and restores it after. The built-in
@@ -13,6 +19,7 @@ import torch
 
 from autotune.deepspeed.accelerator import get_accelerator
 from autotune.deepspeed.zero import GatheredParameters, Init
+from autotune.engine.stage3 import ZeroParamStatus
 from autotune.lazy import lazy_getattr
 
 _orig_torch_arange = torch.arange
@@ -38,6 +45,7 @@ __getattr__ = lazy_getattr(__name__, {}, not_served="DeepSpeed")
 __all__ = [
     "GatheredParameters",
     "Init",
+    "ZeroParamStatus",
     "get_accelerator",
     "zero_wrapper_for_fp_tensor_constructor",
 ]

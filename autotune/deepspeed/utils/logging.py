@@ -1,8 +1,8 @@
-"""``deepspeed.utils``' logging helpers that training scripts call: ``logger`` and
-``log_dist`` (DeepSpeedExamples' HelloDeepSpeed logs through them).
+"""``deepspeed.utils.logging``: DeepSpeed's ``logger`` and ``log_dist`` (DeepSpeedExamples'
+HelloDeepSpeed logs through them; clients set the logger's level).
 
 Example:
-    >>> from autotune.deepspeed.utils import log_dist
+    >>> from autotune.deepspeed.utils.logging import log_dist
     >>> log_dist("Creating Model", ranks=[0])   # by rank 0 only; before a process group, by all
     [...] [INFO] [Rank -1] Creating Model
 """
