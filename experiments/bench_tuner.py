@@ -1,7 +1,9 @@
 """How fast each tuner finds a good config: replayed on measured landscapes, or for real.
 
 **Replay** (the default): every landscape under ``results/landscapes/`` (measured by
-``experiments/landscape.py``: every configuration a tuner may ask for, repeated, interleaved)
+``experiments/landscape.py``: every configuration a tuner may ask for, repeated, interleaved),
+and GPU-shaped landscapes simulated from the cost model (:mod:`autotune.bench.simulated`:
+GPT models of 0.125B to 7B on 8 V100s, A100s or H100s; ``--no-simulated`` leaves them out),
 is replayed with each tuner over ``--seeds`` seeds; a :class:`~autotune.bench.table.TableRunner`
 answers each experiment with the configuration's measured median times a draw from the
 table's own noise. Reported per landscape and tuner: experiments until one within 2% of the
@@ -36,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.bench.simulated import MODELS, simulated_landscape
 from autotune.bench.table import WITHIN, Replay, measured_configs, replay
 from autotune.config import Metric, load_config
 from autotune.config.sizes import parse_size
@@ -49,6 +52,7 @@ from autotune.tuning import Runner, TuningEvent, tune
 TARGET = 0.97
 TUNERS = ("gridsearch", "random", "model_based")
 LANDSCAPES = Path(__file__).resolve().parents[1] / "results" / "landscapes"
+SIMULATED_HARDWARE = ("v100-32gb", "a100-80gb", "h100-80gb")
 
 
 @dataclass(frozen=True)
@@ -341,10 +345,16 @@ def markdown_replay(results: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def main_replay(args: argparse.Namespace) -> None:
+    tables = {
+        path.stem: json.loads(path.read_text()) for path in sorted(args.landscapes.glob("*.json"))
+    }
+    if args.simulated:  # GPU-shaped, beside the measured CPU ones (autotune.bench.simulated)
+        for model in MODELS.values():
+            for hardware in SIMULATED_HARDWARE:
+                tables[f"sim {model.name} 8x{hardware}"] = simulated_landscape(model, hardware)
     results = {}
-    for path in sorted(args.landscapes.glob("*.json")):
-        table = json.loads(path.read_text())
-        results[path.stem] = {
+    for name, table in tables.items():
+        results[name] = {
             "shape": landscape_shape(table),
             "tuners": replay_landscape(table, range(args.seeds)),
         }
@@ -360,6 +370,12 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="run experiments, not a replay")
     parser.add_argument("--seeds", type=int, default=100, help="replay: seeds per landscape")
     parser.add_argument("--landscapes", type=Path, default=LANDSCAPES, help="replay: tables")
+    parser.add_argument(
+        "--simulated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay: GPU-shaped simulated landscapes too",
+    )
     parser.add_argument("--runner", choices=["ray", "local"], default="ray")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(

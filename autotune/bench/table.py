@@ -26,6 +26,7 @@ from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Statu
 from autotune.job import TuningJob, experiment_spec
 from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Tuner
+from autotune.tuner.hardware import CATALOG
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked
 
@@ -272,8 +273,12 @@ def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: A
     ``autotuning`` overrides keys of the table's ``autotuning`` section.
     """
     job = landscape_job(table, tuner_type=tuner_type, seed=seed, **autotuning)
+    simulated = table["how"].get("simulated")  # a GPU's: the cost model starts from its sheet
     tuner = Tuner(
-        job.config, ModelInfo(**table["model_info"]), device_memory_bytes=job.memory_budget
+        job.config,
+        ModelInfo(**table["model_info"]),
+        device_memory_bytes=job.memory_budget,
+        hardware=CATALOG[simulated["hardware"]] if simulated else None,
     )
     runner = TableRunner(table, seed)
     values, names = [], []

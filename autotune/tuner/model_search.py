@@ -13,7 +13,8 @@ a Gaussian process on the residuals, so a configuration next to a measured one i
 from that measurement and one in a variant nothing of has run carries the model's full
 uncertainty. Every cost the model counts falls per sample as the micro-batch grows, so a
 configuration measured at a larger micro-batch (same variant and knobs) bounds the smaller
-ones: they can beat it only by noise.
+ones: they can beat it only by noise, and are not measured; except where memory was nearly
+full, which can slow a step (the allocator's retries) in ways no count shows.
 
 Memory: a size no larger than one that ran ok fits; one at or above an ``oom`` does not.
 Between, where the variant's memory ends is uncertain: the estimate puts it somewhere (the
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from autotune.config import Config, Metric
-from autotune.experiment import Status
+from autotune.experiment import ExperimentResult, Status
 from autotune.tuner.bounds import Bounds
 from autotune.tuner.catalog import Catalog
 from autotune.tuner.cost_model import (
@@ -68,10 +69,14 @@ MEMORY_SD_ESTIMATED = 0.5
 MEMORY_SD_CALIBRATED = 0.05
 # ... and for a variant none of whose peaks was measured, once another's were.
 MEMORY_SD_TRANSFERRED = 0.15
-# How alike two configurations' misfits are (the residual process's kernel): micro-batches
-# this many e-folds apart keep e^-1/2 of it, each knob that differs keeps this share.
+# How alike two configurations' misfits are (the residual process's kernel): half is the
+# variant's own, the other half fades as micro-batches this many e-folds apart keep e^-1/2 of
+# it, each knob that differs keeping this share.
 MICRO_BATCH_SCALE = math.log(4.0)
 KNOB_CORRELATION = 0.8
+VARIANT_SHARE = 0.5
+# The share of device memory under which a step may slow down as the allocator retries.
+EDGE_SHARE = 0.05
 # A measurement taken while the machine was busy, or cut short as a loser, says less.
 DISTURBED_NOISE_SCALE = 3.0
 STOPPED_NOISE_SCALE = 1.5
@@ -306,19 +311,12 @@ class ModelSearch:
         if not indices:
             return []
         idx = np.array(indices)
-        variants = [self._keys[i][0].label for i in indices]
         log_latency, jac = model.gradients(self._rows[idx])
         covariance = np.array(model.covariance)
         param_var = np.einsum("ij,jk,ik->i", jac, covariance, jac)
-        misfit = np.array(
-            [
-                model.misfit_measured if v in model.measured_variants else model.misfit_unmeasured
-                for v in variants
-            ]
-        )
         residuals = _Residuals(self, model)
         keys = [self._keys[i] for i in indices]
-        shift, residual_var = residuals.posterior(keys, misfit**2)
+        shift, residual_var = residuals.posterior(keys)
         log_latency = log_latency + shift
         sd = np.sqrt(np.maximum(1e-12, param_var + residual_var))
         mean = self._metric_log(self._samples[idx], log_latency)
@@ -328,8 +326,7 @@ class ModelSearch:
             key = (entry.variant, entry.micro_batch_size, entry.knobs)
             row = np.array([self._counts(entry)])
             best_log, best_jac = model.gradients(row)
-            measured_misfit = np.array([model.misfit_measured**2])
-            (best_shift,), (best_var,) = residuals.posterior([key], measured_misfit)
+            (best_shift,), (best_var,) = residuals.posterior([key])
             samples = entry.micro_batch_size * accumulation_steps(self._config, key[1])
             best_mean = self._metric_log(
                 np.array([samples * self.topology.world_size]), best_log + best_shift
@@ -339,12 +336,29 @@ class ModelSearch:
             gain_var = np.einsum("ij,jk,ik->i", difference, covariance, difference)
             gain_var += residual_var + best_var - 2 * residuals.covariance(keys, key)
             gain_sd = np.sqrt(np.maximum(1e-12, gain_var))
-        dominated = self._dominated(indices)
-        fit_probability = np.where(dominated, 0.0, self._fit_probabilities(indices))
+        fits = self._fit_probabilities(indices)
+        dominated = self._dominated(indices) | self._far_below_what_fits(indices, fits)
+        fit_probability = np.where(dominated, 0.0, fits)
         return [
             Scored(self._names[i], self._keys[i], *map(float, values))
             for i, *values in zip(indices, mean, sd, fit_probability, gain, gain_sd, strict=True)
         ]
+
+    def predicted(self, names: Sequence[str]) -> dict[str, float]:
+        """What the model, corrected by what ran, predicts of each configuration named (its
+        metric, in the metric's unit), measured or not; names outside the space are left
+        out."""
+        model = self.fitted()
+        indices = [self._index[name] for name in names if name in self._index]
+        if model is None or self._rows is None or not indices:
+            return {}
+        log_latency, _ = model.gradients(self._rows[np.array(indices)])
+        shift, _ = _Residuals(self, model).posterior([self._keys[i] for i in indices])
+        values = self._metric_log(self._samples[np.array(indices)], log_latency + shift)
+        sign = -1.0 if self._metric.lower_is_better else 1.0
+        return {
+            self._names[i]: math.exp(sign * float(v)) for i, v in zip(indices, values, strict=True)
+        }
 
     def _metric_log(self, samples: np.ndarray, log_latency: np.ndarray) -> np.ndarray:
         """The metric's log from the step time's, oriented so that higher is better."""
@@ -408,8 +422,9 @@ class ModelSearch:
         measured: dict[tuple[Variant, Knobs], list[int]] = {}
         for name, result in self._ledger.results.items():
             entry = self._ledger.entries.get(name)
-            if entry is not None and result.ok:
-                measured.setdefault((entry.variant, entry.knobs), []).append(entry.micro_batch_size)
+            if entry is None or not result.ok or self._at_the_edge(entry.variant, result):
+                continue
+            measured.setdefault((entry.variant, entry.knobs), []).append(entry.micro_batch_size)
         lower = self._metric.lower_is_better
         dominated = np.zeros(len(indices), dtype=bool)
         for position, i in enumerate(indices):
@@ -417,6 +432,33 @@ class ModelSearch:
             sizes = measured.get((variant, knobs), ())
             dominated[position] = any((s <= size) if lower else (s >= size) for s in sizes)
         return dominated
+
+    def _far_below_what_fits(self, indices: list[int], fits: np.ndarray) -> np.ndarray:
+        """Configurations at under half the largest micro-batch of their variant and knobs
+        that likely fits: by every count the model keeps, the larger one is better per
+        sample, and its measurement says more (throughput and FLOPS; for latency, a smaller
+        micro-batch is the point)."""
+        far = np.zeros(len(indices), dtype=bool)
+        if self._metric.lower_is_better:
+            return far
+        largest: dict[tuple[Variant, Knobs], int] = {}
+        for position, i in enumerate(indices):
+            variant, size, knobs = self._keys[i]
+            if fits[position] >= 0.5:
+                largest[(variant, knobs)] = max(largest.get((variant, knobs), 0), size)
+        for position, i in enumerate(indices):
+            variant, size, knobs = self._keys[i]
+            far[position] = 2 * size < largest.get((variant, knobs), 0)
+        return far
+
+    def _at_the_edge(self, variant: Variant, result: ExperimentResult) -> bool:
+        """Whether ``result`` ran with its memory nearly full (within :data:`EDGE_SHARE` of
+        the device's): there the allocator's retries can slow a step, so a smaller
+        micro-batch may be faster after all."""
+        estimate = self._plans[variant].estimate if variant in self._plans else None
+        if estimate is None or result.metrics is None:
+            return False
+        return result.metrics.peak_memory_bytes > (1 - EDGE_SHARE) * estimate.budget_bytes
 
     # --- memory -----------------------------------------------------------------------------
 
@@ -564,7 +606,7 @@ class _Residuals:
     def __init__(self, search: ModelSearch, model: CostModel) -> None:
         measured = search.measured_residuals(model)
         self._keys = [key for key, _, _ in measured]
-        self._amplitude = model.misfit_measured**2
+        self._amplitude = model.misfit_unmeasured**2
         self._inverse: np.ndarray = np.zeros((0, 0))
         self._weights: np.ndarray = np.zeros(0)
         if not measured:
@@ -587,18 +629,16 @@ class _Residuals:
                 if other_variant != variant:
                     continue
                 distance = (log_sizes[rows] - math.log(other_size)) / MICRO_BATCH_SCALE
-                cross[rows, j] = (
-                    self._amplitude
-                    * np.exp(-0.5 * distance**2)
-                    * KNOB_CORRELATION ** _differing(knobs, other_knobs)
+                local = np.exp(-0.5 * distance**2) * KNOB_CORRELATION ** _differing(
+                    knobs, other_knobs
                 )
+                cross[rows, j] = self._amplitude * (VARIANT_SHARE + (1 - VARIANT_SHARE) * local)
         return cross
 
-    def posterior(
-        self, keys: Sequence[Key], prior_var: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def posterior(self, keys: Sequence[Key]) -> tuple[np.ndarray, np.ndarray]:
         """Each key's residual given what was measured: its mean (the shift of its predicted
-        log step time) and its variance (from ``prior_var``, its misfit's)."""
+        log step time) and its variance."""
+        prior_var = np.full(len(keys), self._amplitude)
         if not self._keys:
             return np.zeros(len(keys)), prior_var
         cross = self.cross(keys)
@@ -624,11 +664,14 @@ def worth_measuring(candidates: Sequence[Scored]) -> bool:
 
 
 def kernel(a: Key, b: Key) -> float:
-    """How alike the model's misfit is at two configurations (1: the same one)."""
+    """How alike the model's misfit is at two configurations (1: the same one): a share
+    common to the whole variant (what the model leaves out of a stage's cost), the rest
+    fading with the micro-batches' ratio and each knob that differs."""
     if a[0] != b[0]:
         return 0.0
     distance = (math.log(a[1]) - math.log(b[1])) / MICRO_BATCH_SCALE
-    return math.exp(-0.5 * distance * distance) * KNOB_CORRELATION ** _differing(a[2], b[2])
+    local = math.exp(-0.5 * distance * distance) * KNOB_CORRELATION ** _differing(a[2], b[2])
+    return VARIANT_SHARE + (1 - VARIANT_SHARE) * local
 
 
 def _differing(a: Knobs, b: Knobs) -> int:

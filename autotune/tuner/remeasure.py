@@ -121,8 +121,21 @@ class Remeasurement:
 
     def noise(self) -> float:
         """The relative noise of one measurement, from the repeats so far (the control's
-        left out: its spread is the machine's drift, which it is there to see)."""
-        control = self.control()
+        too, unless it saw the machine slow down: that spread is drift, not noise), and at
+        least what the windows' own steps vary by (the median window's standard error)."""
+        return max(self._noise(with_control=not self.slowdowns()), self._window_noise())
+
+    def _window_noise(self) -> float:
+        errors = []
+        for result in self._ledger.results.values():
+            if _quiet(result) and result.metrics is not None:
+                steps = [math.log(s) for s in result.metrics.step_times_s if s > 0]
+                if len(steps) > 1:
+                    errors.append(statistics.stdev(steps) / math.sqrt(len(steps)))
+        return statistics.median(errors) if errors else 0.0
+
+    def _noise(self, with_control: bool) -> float:
+        control = None if with_control else self.control()
         groups: dict[str, list[float]] = {}
         for name, result in self._ledger.results.items():
             base = split_repeat(name)[0]
@@ -211,7 +224,10 @@ class Remeasurement:
                 continue
             if name not in results:
                 return None  # decided once it is in, as a one-at-a-time run would
-            if _quiet(results[name]):
+            result = results[name]
+            # A window too short to measure in measures the machine's jitter, not its drift.
+            window = result.timings.window_s  # 0: not timed (a runner that does not say)
+            if _quiet(result) and (window == 0 or window >= MIN_WINDOW_S):
                 return name
         return None
 
@@ -247,7 +263,7 @@ class Remeasurement:
             return {}
         fastest = min(latency for _, latency in measured)
         # The noise those very slow stretches inflate is capped: a drift that large is seen.
-        noise = min(self.noise(), MAX_DRIFT_NOISE)
+        noise = min(self._noise(with_control=False), MAX_DRIFT_NOISE)
         line = math.exp(DRIFT_Z * noise * math.sqrt(2))
         slow: dict[str, float] = {}
         for k, (_, latency) in enumerate(measured):

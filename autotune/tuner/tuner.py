@@ -54,7 +54,7 @@ run needs no replay of when the model was learnt.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, Metric, TunerType
@@ -269,6 +269,11 @@ class Tuner:
                 self._owed.discard(result.name)
             else:
                 self._proposed.append(result.name)
+        if self._model_search is not None and result.name not in self._ledger.entries:
+            # A configuration the cost model proposed, told from history: known by its key.
+            key = self._model_search.key_of(result.name)
+            if key is not None:
+                self._catalog.register(*key)
         self._ledger.record(result, self._catalog.entry(result.name))
         self._bounds.note(result.name)
         if self._search is not None:
@@ -291,6 +296,14 @@ class Tuner:
         """``model_based``'s cost model, fitted to the results so far (None for the other
         tuner types, and before the workload's size is known)."""
         return self._model_search.fitted() if self._model_search is not None else None
+
+    def predicted(self, names: Iterable[str]) -> dict[str, float]:
+        """``model_based``'s prediction of the metric for each configuration named, from
+        what ran so far (empty for the other tuner types, and before the workload's size is
+        known)."""
+        if self._model_search is None:
+            return {}
+        return self._model_search.predicted(list(names))
 
     def optimal_config(self) -> dict[str, Any] | None:
         """The user's config with the best values, ``autotuning`` removed, batch triad resolved.

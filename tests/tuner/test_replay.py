@@ -131,3 +131,14 @@ def test_model_based_reaches_within_2pct_of_the_best_in_at_most_12_experiments(
     table = json.loads(path.read_text())
     reach = [replay(table, "model_based", s).experiments_to(WITHIN) or 10_000 for s in range(5)]
     assert statistics.median(reach) <= 12
+
+
+def test_model_based_replays_a_gpu_shaped_landscape_deterministically_and_cheaply() -> None:
+    from autotune.bench.simulated import MODELS, simulated_landscape
+
+    table = simulated_landscape(MODELS["gpt-1.3b"], "a100-80gb", seed=0)
+    first, again = replay(table, "model_based", seed=3), replay(table, "model_based", seed=3)
+    assert first.names == again.names  # decided from the results alone
+    grid = replay(table, "gridsearch", seed=3)
+    assert first.ends_within(0.98) and grid.ends_within(0.98)
+    assert len(first.names) < len(grid.names) / 2
