@@ -54,6 +54,10 @@ class ExperimentSpec:
             see :func:`autotune.config.overrides.as_client_reads`).
         engine: what measures it: ``"builtin"``, autotune's engine, or ``"deepspeed"``, the
             installed DeepSpeed's own (:mod:`autotune.runner.deepspeed_engine`).
+        stop_above_step_s: multi-fidelity: the profile window ends after a timed step when
+            even the fastest timed step so far took longer than this many seconds (the
+            configuration cannot come within the tolerance of the leader). None: the whole
+            window runs.
     """
 
     # What the job decides has no default here: a spec is made from a job (tuning.py's
@@ -74,6 +78,7 @@ class ExperimentSpec:
     output_dir: str | None = None
     client_config: Mapping[str, Any] | None = None
     engine: str = "builtin"
+    stop_above_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.script is not None:
@@ -236,6 +241,9 @@ class ExperimentResult:
     # Script mode: the script ended (returned or exited 0) after this many optimizer steps,
     # before the profile window was complete.
     ended_after_steps: int | None = None
+    stopped_after_steps: int | None = None
+    """autotune ended the window after this many timed steps: slower than
+    ``stop_above_step_s`` (a loser, stopped early)."""
 
     @property
     def ok(self) -> bool:
@@ -266,6 +274,7 @@ class ExperimentResult:
             "timings": asdict(self.timings),
             "node_ids": list(self.node_ids),
             "ended_after_steps": self.ended_after_steps,
+            "stopped_after_steps": self.stopped_after_steps,
         }
 
     @classmethod
@@ -282,6 +291,7 @@ class ExperimentResult:
             timings=Timings(**data.get("timings", {})),
             node_ids=tuple(data.get("node_ids", ())),
             ended_after_steps=data.get("ended_after_steps", _ended_after_steps(data)),
+            stopped_after_steps=data.get("stopped_after_steps"),
         )
 
 

@@ -36,6 +36,8 @@ class RankOutcome:
     node_id: str = field(default_factory=lambda: os.uname().nodename)
     # Script mode: the optimizer steps the script took when it ended before the window did.
     ended_after_steps: int | None = None
+    # The timed steps after which the window ended, slower than spec.stop_above_step_s.
+    stopped_after_steps: int | None = None
     # What this rank saw of its node's CPUs over the window (profiling.interference.WindowCpu).
     window_cpu: dict[str, Any] | None = None
 
@@ -183,4 +185,5 @@ def combine_outcomes(
         started_at=started_at,
         timings=Timings(startup_s=lead.startup_s, warmup_s=lead.warmup_s, window_s=lead.window_s),
         node_ids=node_ids,
+        stopped_after_steps=lead.stopped_after_steps,
     )
