@@ -244,6 +244,11 @@ class ExperimentResult:
     stopped_after_steps: int | None = None
     """autotune ended the window after this many timed steps: slower than
     ``stop_above_step_s`` (a loser, stopped early)."""
+    infrastructure_retries: int = 0
+    """How many times the runner ran the experiment again after a failure of the machinery,
+    not of the configuration (a rendezvous port taken, a rank actor lost before the
+    experiment began); when every attempt failed so, ``error`` starts with
+    ``infrastructure:``."""
 
     @property
     def ok(self) -> bool:
@@ -275,6 +280,7 @@ class ExperimentResult:
             "node_ids": list(self.node_ids),
             "ended_after_steps": self.ended_after_steps,
             "stopped_after_steps": self.stopped_after_steps,
+            "infrastructure_retries": self.infrastructure_retries,
         }
 
     @classmethod
@@ -292,6 +298,7 @@ class ExperimentResult:
             node_ids=tuple(data.get("node_ids", ())),
             ended_after_steps=data.get("ended_after_steps", _ended_after_steps(data)),
             stopped_after_steps=data.get("stopped_after_steps"),
+            infrastructure_retries=data.get("infrastructure_retries", 0),
         )
 
 

@@ -20,6 +20,7 @@ from autotune.runner.outcome import (
     RankOutcome,
     experiment_verdict,
     failure_outcome,
+    infrastructure_failure,
 )
 from autotune.runner.process import utc_now
 from autotune.runner.ray_gang import DriverPaths, Gang
@@ -51,6 +52,9 @@ class RunningExperiment:
         self.ranks_began: float | None = None  # the experiment's clock; None while starting
         self._grace_deadline = float("inf")  # set by the first failure
         self._note_ranks_began()
+        # Answered before each rank's run begins (an actor runs its calls in order): an actor
+        # whose probe fails was lost before the experiment began on it.
+        self._probes = {rank: actor.ready.remote() for rank, actor in enumerate(gang.actors)}
         # Passing rank 0's rendezvous future straight to every rank lets Ray deliver the
         # address without a driver round trip.
         init_method = gang.actors[0].rendezvous.remote()
@@ -87,9 +91,9 @@ class RunningExperiment:
             self.outcomes[rank] = outcome
             if outcome.status is not Status.ok:
                 # The failed rank tore its group down; peers get a grace period to notice.
-                self._grace_deadline = min(
-                    self._grace_deadline, time.perf_counter() + FAILURE_GRACE_S
-                )
+                # Peers of a failed rendezvous wait in it for nothing: no grace for them.
+                grace_s = 0.0 if outcome.infrastructure else FAILURE_GRACE_S
+                self._grace_deadline = min(self._grace_deadline, time.perf_counter() + grace_s)
         return len(self.outcomes) == self.spec.world_size or time.perf_counter() >= self.deadline
 
     def _note_ranks_began(self) -> None:
@@ -108,6 +112,12 @@ class RunningExperiment:
                 or all(outcome.status is Status.ok for outcome in self.outcomes.values())
             )
         )
+
+    def infrastructure_failure(self) -> str | None:
+        """What failed, when the experiment failed in the machinery rather than in its
+        configuration (see :attr:`RankOutcome.infrastructure`); else None."""
+        cause = infrastructure_failure(self.outcomes.values())
+        return (cause.error or "") if cause is not None else None
 
     def result(self) -> ExperimentResult:
         total_s = time.perf_counter() - self.started
@@ -135,10 +145,32 @@ class RunningExperiment:
             ray.exceptions.OutOfMemoryError,
         ) as exc:
             self.gang_broken = True
+            if self._lost_before_it_began(rank):
+                return RankOutcome(
+                    rank=rank,
+                    status=Status.error,
+                    error=f"RankLost: rank {rank} actor was lost before the experiment began "
+                    f"({_death_cause(exc)})",
+                    error_detail=str(exc),
+                    failed_at=time.time(),
+                    node_id=self.gang.node_id(rank),
+                    infrastructure=True,
+                )
             return self._actor_lost(rank, exc)
         except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
             self.gang_broken = True  # its state is unknown: do not reuse it
             return replace(failure_outcome(rank, exc), node_id=self.gang.node_id(rank))
+
+    def _lost_before_it_began(self, rank: int) -> bool:
+        """Whether ``rank``'s actor was gone before its part of the experiment began: its
+        probe, answered just before, failed too."""
+        try:
+            ray.get(self._probes[rank], timeout=1.0)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:  # not answered yet: no evidence it was gone
+            return False
+        return False
 
     def _actor_lost(self, rank: int, exc: ray.exceptions.RayError) -> RankOutcome:
         """The outcome of a rank whose actor is gone: killed by Ray's memory monitor, or died."""

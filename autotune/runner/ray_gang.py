@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.experiment import ExperimentSpec
 from autotune.runner.outcome import RankOutcome, failure_outcome
-from autotune.runner.process import free_port, proc_status
+from autotune.runner.process import PortReservation, PortReserver, proc_status, reserve_port
 
 RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
 """What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
@@ -102,25 +102,41 @@ class DriverPaths:
 class _RankActor:
     """One rank's warm process. Decorated with ``ray.remote`` below."""
 
-    def __init__(self, rank_fn: RankFn, num_threads: int, preload_torch: bool = True) -> None:
+    def __init__(
+        self,
+        rank_fn: RankFn,
+        shape: GangShape,
+        preload_torch: bool = True,
+        reserve: PortReserver = reserve_port,
+    ) -> None:
         if preload_torch:
             import torch  # the import a fresh launch pays every time, paid once here
 
             from autotune.engine.launch import import_before_process_groups
 
-            torch.set_num_threads(num_threads)
+            torch.set_num_threads(shape.cpus_per_rank)
             import_before_process_groups()  # else paid inside the first experiment
         self._rank_fn = rank_fn
+        self._reserve = reserve
+        self._reservation: PortReservation | None = None
         gc.freeze()
 
     def ready(self) -> None:
         """Answers once the actor has started (its ``__init__`` done)."""
 
     def rendezvous(self) -> str:
-        """Where this experiment's ranks meet: a free port on this (the rank-0) node."""
+        """Where this experiment's ranks meet: a port on this (the rank-0) node, held until
+        this actor's rank has run (see :class:`autotune.runner.process.PortReservation`)."""
         host = ray.util.get_node_ip_address()
+        self._release_port()
+        self._reservation = self._reserve(host)
         url_host = f"[{host}]" if ":" in host else host
-        return f"tcp://{url_host}:{free_port(host)}"
+        return f"tcp://{url_host}:{self._reservation.port}"
+
+    def _release_port(self) -> None:
+        if self._reservation is not None:
+            self._reservation.close()
+            self._reservation = None
 
     def run(
         self, spec: ExperimentSpec, rank: int, init_method: str, paths: DriverPaths
@@ -130,6 +146,8 @@ class _RankActor:
             outcome = self._rank_fn(spec, rank, init_method)
         except Exception as exc:  # run_rank never raises; an injected rank_fn might
             outcome = failure_outcome(rank, exc)
+        finally:
+            self._release_port()
         # What survived run_rank's full collection is long-lived (torch, modules): frozen, the
         # next experiment's collection skips it. Measured: 0.2-0.35 s of each experiment's
         # overhead went to rescanning ~330k such objects.
@@ -162,6 +180,7 @@ class Gang:
         strategy: Strategy,
         env_vars: Mapping[str, str],
         preload_torch: bool = True,
+        reserve: PortReserver = reserve_port,
     ) -> None:
         self.shape = shape
         self.created = time.monotonic()
@@ -181,7 +200,7 @@ class Gang:
                     self.group, placement_group_bundle_index=rank
                 ),
                 runtime_env={"env_vars": dict(env_vars)},
-            ).remote(rank_fn, shape.cpus_per_rank, preload_torch)
+            ).remote(rank_fn, shape, preload_torch, reserve)
             for rank in range(shape.world_size)
         ]
         self._starting = [actor.ready.remote() for actor in self.actors]

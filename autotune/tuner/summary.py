@@ -48,6 +48,8 @@ class TuningSummary:
         num_remeasured: of ``num_run``, the re-measurements (the rest searched the space).
         best_at_cap: why a larger micro-batch than the best's was never tried, when the best
             runs at the largest the config allows (a larger one may be faster); else None.
+        num_infrastructure_retries: experiments run again by the runner after a failure of
+            the machinery, not of the configuration (a port taken, a rank lost before it began).
     """
 
     metric: Metric
@@ -68,6 +70,7 @@ class TuningSummary:
     window_steps: int = 0
     num_remeasured: int = 0
     best_at_cap: str | None = None
+    num_infrastructure_retries: int = 0
 
     @property
     def num_tied(self) -> int:
@@ -147,6 +150,7 @@ class TuningSummary:
             "num_remeasured": self.num_remeasured,
             "best_at_cap": self.best_at_cap,
             "short_windows": dict(self.short_windows),
+            "num_infrastructure_retries": self.num_infrastructure_retries,
         }
 
 
@@ -195,6 +199,7 @@ def summarize(
         window_steps=tuning.end_profile_step - tuning.start_profile_step + 1,
         num_remeasured=sum(1 for n in ledger.results if split_repeat(n)[1] > 0),
         best_at_cap=_at_cap(best_entry, space),
+        num_infrastructure_retries=sum(r.infrastructure_retries for r in ledger.results.values()),
     )
 
 

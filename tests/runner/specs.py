@@ -11,6 +11,7 @@ from typing import Any
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.runner.outcome import RankOutcome
+from autotune.runner.process import PortReservation, reserve_port
 from autotune.script_target import ScriptTarget
 from tests.runner.faulty_workloads import TINY_GPT
 from tests.specs import job_spec
@@ -90,3 +91,20 @@ def stand_in(
         end_profile_step=1,
         timeout_s=timeout_s,
     )
+
+
+def taken_once(marker: str, host: str) -> PortReservation:
+    """A rendezvous port that another process took first (the port number in the file
+    ``marker``, which a test's socket listens on), the first time; then a real one. Runs
+    where the runner reserves ports: the driver, or rank 0's actor."""
+    path = Path(marker)
+    if path.exists():
+        port = int(path.read_text())
+        path.unlink()
+        return PortReservation(port)  # holds nothing: the other process has it
+    return reserve_port(host)
+
+
+def taken_always(port: int, host: str) -> PortReservation:
+    """A rendezvous port another process always took first."""
+    return PortReservation(port)
