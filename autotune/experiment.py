@@ -214,7 +214,8 @@ class Metrics:
 class Timings:
     """Where an experiment's wall time went, in seconds."""
 
-    startup_s: float = 0.0  # process group, workload, engine, FLOP count
+    # Process group, workload, engine, FLOP count; on Ray, a new gang's start-up too.
+    startup_s: float = 0.0
     warmup_s: float = 0.0
     window_s: float = 0.0
     total_s: float = 0.0  # as seen by the runner, launch to verdict

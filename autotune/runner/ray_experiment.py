@@ -130,9 +130,14 @@ class RunningExperiment:
                 started_at=self.started_at,
                 timings=Timings(total_s=total_s),
             )
-        return experiment_verdict(
+        result = experiment_verdict(
             self.spec, self.outcomes, self.started_at, total_s, node_of=self.gang.node_id
         )
+        if result.ok and self.ranks_began is not None:
+            # A new gang's start-up (its processes, torch, DeepSpeed) was this experiment's.
+            actors_s = self.ranks_began - self.started
+            result = result.with_timings(startup_s=result.timings.startup_s + actors_s)
+        return result
 
     def _collect(self, rank: int, future: Any) -> RankOutcome:
         try:

@@ -7,6 +7,7 @@ between experiments, by shape, and evicts idle ones when another shape needs the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -47,6 +48,8 @@ class GangShape:
     cpus_per_rank: int
     gpus_per_rank: float
     resources_per_rank: tuple[tuple[str, float], ...] = ()
+    # What measures the experiments: a DeepSpeed gang loads DeepSpeed as it starts.
+    engine: str = "builtin"
 
     def bundle(self) -> dict[str, float]:
         """One rank's resources, as a placement-group bundle."""
@@ -99,6 +102,15 @@ class DriverPaths:
                 sys.path.append(path)
 
 
+def _prepare_deepspeed(world_size: int) -> None:
+    """Load DeepSpeed as the actor starts (:func:`autotune.runner.deepspeed_engine.prepare`).
+    A failure here is left for the experiment to meet and report with its traceback."""
+    from autotune.runner import deepspeed_engine
+
+    with contextlib.suppress(Exception):
+        deepspeed_engine.prepare(world_size)
+
+
 class _RankActor:
     """One rank's warm process. Decorated with ``ray.remote`` below."""
 
@@ -116,6 +128,8 @@ class _RankActor:
 
             torch.set_num_threads(shape.cpus_per_rank)
             import_before_process_groups()  # else paid inside the first experiment
+            if shape.engine == "deepspeed":
+                _prepare_deepspeed(shape.world_size)
         self._rank_fn = rank_fn
         self._reserve = reserve
         self._reservation: PortReservation | None = None

@@ -277,7 +277,9 @@ class RayRunner:
         self.close()
 
     def _shape(self, spec: ExperimentSpec) -> GangShape:
-        return GangShape(spec.world_size, spec.cpus_per_rank, self._gpus_per_rank, self._resources)
+        return GangShape(
+            spec.world_size, spec.cpus_per_rank, self._gpus_per_rank, self._resources, spec.engine
+        )
 
     def _check_gpus_fit(self, world_size: int) -> None:
         if self._gpus_per_rank:
