@@ -150,7 +150,9 @@ class RunningExperiment:
             ray.exceptions.OutOfMemoryError,
         ) as exc:
             self.gang_broken = True
-            if self._lost_before_it_began(rank):
+            # Ray's memory monitor kills a worker that runs a task: never before it began.
+            oom = isinstance(exc, ray.exceptions.OutOfMemoryError)
+            if not oom and self._lost_before_it_began(rank):
                 return RankOutcome(
                     rank=rank,
                     status=Status.error,
@@ -173,7 +175,7 @@ class RunningExperiment:
             ray.get(self._probes[rank], timeout=1.0)
         except ray.exceptions.RayActorError:
             return True
-        except ray.exceptions.GetTimeoutError:  # not answered yet: no evidence it was gone
+        except ray.exceptions.RayError:  # not answered yet, or unknown: no evidence it was gone
             return False
         return False
 
