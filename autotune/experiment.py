@@ -214,7 +214,8 @@ class Metrics:
 class Timings:
     """Where an experiment's wall time went, in seconds."""
 
-    startup_s: float = 0.0  # process group, workload, engine, FLOP count
+    # Process group, workload, engine, FLOP count; on Ray, a new gang's start-up too.
+    startup_s: float = 0.0
     warmup_s: float = 0.0
     window_s: float = 0.0
     total_s: float = 0.0  # as seen by the runner, launch to verdict
@@ -241,9 +242,14 @@ class ExperimentResult:
     # Script mode: the script ended (returned or exited 0) after this many optimizer steps,
     # before the profile window was complete.
     ended_after_steps: int | None = None
-    # autotune ended the window after this many timed steps: slower than
-    # ``stop_above_step_s`` (a loser, stopped early).
     stopped_after_steps: int | None = None
+    """autotune ended the window after this many timed steps: slower than
+    ``stop_above_step_s`` (a loser, stopped early)."""
+    infrastructure_retries: int = 0
+    """How many times the runner ran the experiment again after a failure of the machinery,
+    not of the configuration (a rendezvous port taken, a rank actor lost before the
+    experiment began); when every attempt failed so, ``error`` starts with
+    ``infrastructure:``."""
 
     @property
     def ok(self) -> bool:
@@ -275,6 +281,7 @@ class ExperimentResult:
             "node_ids": list(self.node_ids),
             "ended_after_steps": self.ended_after_steps,
             "stopped_after_steps": self.stopped_after_steps,
+            "infrastructure_retries": self.infrastructure_retries,
         }
 
     @classmethod
@@ -292,6 +299,7 @@ class ExperimentResult:
             node_ids=tuple(data.get("node_ids", ())),
             ended_after_steps=data.get("ended_after_steps", _ended_after_steps(data)),
             stopped_after_steps=data.get("stopped_after_steps"),
+            infrastructure_retries=data.get("infrastructure_retries", 0),
         )
 
 

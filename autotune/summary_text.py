@@ -26,6 +26,11 @@ def format_summary(
         f"not run: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
         f"stopped: {summary.stop_reason or 'search complete'}",
     ]
+    if summary.num_infrastructure_retries:
+        lines.append(
+            f"infrastructure retries: {summary.num_infrastructure_retries} (a rendezvous port "
+            "taken or a rank lost before its experiment began: run again, not a verdict)"
+        )
     if summary.best is None:
         lines.append("no experiment ran ok: see the failures below")
     else:

@@ -123,3 +123,48 @@ class StepTimer:
     def total_s(self) -> float:
         """Seconds from ``start`` to the last ``lap``."""
         return sum(self.durations_s)
+
+
+def ends_early(timer: StepTimer, window_steps: int, stop_above_step_s: float | None) -> bool:
+    """Whether a profile window of ``window_steps`` steps ends after the step ``timer`` just
+    timed, because even the fastest of its steps so far took longer than ``stop_above_step_s``
+    (a loser: it cannot come within the tolerance of the leader).
+
+    Never after the window's last step (it ends there anyway) nor without a threshold. In a
+    process group every rank takes rank 0's decision, on rank 0's step times (those the
+    metrics report): a rank that went on alone would wait forever in its next collective. The
+    agreement is one broadcast per step; the clock restarts after it, behind ``timer``'s
+    synchronisation, so neither counts in the next step's time.
+
+    Example (one process, no process group):
+        >>> ticks = iter([0.0, 2.0, 2.0, 3.0])  # steps of 2.0 and 1.0 s
+        >>> timer = StepTimer(clock=lambda: next(ticks))
+        >>> timer.start()
+        >>> _ = timer.lap()
+        >>> ends_early(timer, window_steps=3, stop_above_step_s=1.5)
+        True
+        >>> _ = timer.lap()  # had it gone on: its fastest step is now under the threshold
+        >>> ends_early(timer, window_steps=3, stop_above_step_s=1.5)
+        False
+    """
+    if stop_above_step_s is None or len(timer.durations_s) >= window_steps:
+        return False
+    fastest_s = min(timer.durations_s)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        fastest_s = _rank0_value(fastest_s)
+        timer.start()
+    return fastest_s > stop_above_step_s
+
+
+def _rank0_value(value: float) -> float:
+    """``value`` as rank 0 holds it, on every rank of the default process group."""
+    import torch
+    import torch.distributed as dist
+
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.broadcast(tensor, src=0)
+    return float(tensor.item())

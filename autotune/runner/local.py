@@ -14,18 +14,33 @@ import queue
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
-from autotune.runner.outcome import FAILURE_GRACE_S, RankOutcome, experiment_verdict
-from autotune.runner.process import entries_set, free_port, utc_now
+from autotune.runner.outcome import (
+    FAILURE_GRACE_S,
+    INFRASTRUCTURE_RETRIES,
+    RankOutcome,
+    experiment_verdict,
+    infrastructure_failure,
+    infrastructure_result,
+)
+from autotune.runner.process import PortReserver, entries_set, reserve_port, utc_now
 
 # How a process killed by SIGKILL ends: -9 from multiprocessing, 128 + 9 through a shell.
 _SIGKILL_EXIT_CODES = (-signal.SIGKILL.value, 128 + signal.SIGKILL.value)
 
 
 class LocalRunner:
-    """Runs experiments one at a time on this machine, each in fresh rank processes."""
+    """Runs experiments one at a time on this machine, each in fresh rank processes.
+
+    Args:
+        reserve_port: how the rendezvous port is held (tests inject a collision).
+    """
+
+    def __init__(self, reserve_port: PortReserver = reserve_port) -> None:
+        self._reserve_port = reserve_port
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
         """Run ``spec`` and return its result; never raises for a failed experiment.
@@ -34,7 +49,7 @@ class LocalRunner:
             ConfigError: this machine has GPUs but fewer than ``spec.world_size``.
         """
         check_local_gpus(spec.world_size, _visible_gpus())
-        return run_local(spec)
+        return run_local(spec, self._reserve_port)
 
 
 def check_local_gpus(world_size: int, num_gpus: int) -> None:
@@ -59,17 +74,42 @@ def _visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def run_local(spec: ExperimentSpec) -> ExperimentResult:
+def run_local(spec: ExperimentSpec, reserve: PortReserver = reserve_port) -> ExperimentResult:
     """Run ``spec`` on ``spec.world_size`` spawned processes with a wall-clock limit.
 
     A rank that raises, runs out of memory, dies or outlives ``spec.timeout_s`` gives a result
     with status ``error`` / ``oom`` / ``timeout``; a rank process killed by SIGKILL (most
-    likely the kernel's OOM killer) gives ``oom``. No rank process outlives this call.
+    likely the kernel's OOM killer) gives ``oom``. A failure of the machinery (the
+    rendezvous port taken) is run again on a fresh port, up to ``INFRASTRUCTURE_RETRIES``
+    times (``infrastructure_retries`` counts them; the timings cover every attempt). No rank
+    process outlives this call.
     """
+    started_at, started = utc_now(), time.perf_counter()
+    retries = 0
+    while True:
+        reservation = reserve("127.0.0.1")
+        try:
+            result, outcomes = _run_once(spec, f"tcp://127.0.0.1:{reservation.port}")
+        finally:
+            reservation.close()
+        result = replace(result, started_at=started_at, infrastructure_retries=retries)
+        result = result.with_timings(total_s=time.perf_counter() - started)
+        cause = infrastructure_failure(outcomes.values())
+        if cause is None:
+            return result
+        if retries == INFRASTRUCTURE_RETRIES:
+            return infrastructure_result(result, cause.error or "", retries)
+        retries += 1
+
+
+def _run_once(
+    spec: ExperimentSpec, init_method: str
+) -> tuple[ExperimentResult, dict[int, RankOutcome]]:
+    """One attempt at ``spec``, meeting at ``init_method``; its result and what each rank
+    reported."""
     started_at, started = utc_now(), time.perf_counter()
     context = mp.get_context("spawn")
     reports: mp.Queue[RankOutcome] = context.Queue()
-    init_method = f"tcp://127.0.0.1:{free_port()}"
     with _rank_environment(spec.cpus_per_rank):
         processes = [
             context.Process(
@@ -91,7 +131,7 @@ def run_local(spec: ExperimentSpec) -> ExperimentResult:
                 error=f"RankStartError: {type(err).__name__}: {err}",
                 started_at=started_at,
                 timings=Timings(total_s=time.perf_counter() - started),
-            )
+            ), {}
 
     outcomes: dict[int, RankOutcome] = {}
     deadline = started + spec.timeout_s
@@ -104,7 +144,9 @@ def run_local(spec: ExperimentSpec) -> ExperimentResult:
                 outcome = reports.get(timeout=min(0.2, deadline - now))
                 outcomes[outcome.rank] = outcome
                 if outcome.status is not Status.ok:
-                    deadline = min(deadline, time.perf_counter() + FAILURE_GRACE_S)
+                    # Peers of a failed rendezvous wait in it for nothing: no grace for them.
+                    grace_s = 0.0 if outcome.infrastructure else FAILURE_GRACE_S
+                    deadline = min(deadline, time.perf_counter() + grace_s)
                 continue
             except queue.Empty:
                 pass
@@ -116,7 +158,8 @@ def run_local(spec: ExperimentSpec) -> ExperimentResult:
         _stop(processes)
         reports.close()
 
-    return experiment_verdict(spec, outcomes, started_at, time.perf_counter() - started)
+    verdict = experiment_verdict(spec, outcomes, started_at, time.perf_counter() - started)
+    return verdict, outcomes
 
 
 def _rank_main(

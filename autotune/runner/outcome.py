@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,6 +15,10 @@ from autotune.profiling.interference import oversubscription
 # After the first rank fails, how long the others get to report before they are killed.
 FAILURE_GRACE_S = 10.0
 TRACEBACK_LINES = 12
+# How many times a runner runs an experiment again after a failure of the machinery rather
+# than of the configuration (RankOutcome.infrastructure), before recording it as an error
+# whose message starts with "infrastructure:".
+INFRASTRUCTURE_RETRIES = 2
 
 
 @dataclass
@@ -36,6 +40,11 @@ class RankOutcome:
     node_id: str = field(default_factory=lambda: os.uname().nodename)
     # Script mode: the optimizer steps the script took when it ended before the window did.
     ended_after_steps: int | None = None
+    # The timed steps after which the window ended, slower than spec.stop_above_step_s.
+    stopped_after_steps: int | None = None
+    # True when the failure is the machinery's, not the configuration's: the rendezvous port
+    # was taken, or the rank's actor was lost before the experiment began. Run again.
+    infrastructure: bool = False
     # What this rank saw of its node's CPUs over the window (profiling.interference.WindowCpu).
     window_cpu: dict[str, Any] | None = None
 
@@ -54,7 +63,20 @@ def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:
         failed_at=time.time(),
         peer_failure=status is Status.error and is_lost_peer(exc),
         ended_after_steps=getattr(exc, "ended_after_steps", None),
+        infrastructure=is_port_taken(exc),
     )
+
+
+def is_port_taken(exc: BaseException) -> bool:
+    """The rendezvous could not listen on its port: another process bound it first (the
+    store's ``DistNetworkError ... EADDRINUSE``), whatever raised it along the way."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen).lower()
+        if "eaddrinuse" in text or "address already in use" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 # What gloo and NCCL say when the other end of a collective went away.
@@ -136,6 +158,37 @@ def _silent_after_failure(rank: int, node_of: Callable[[int], str] | None) -> Ra
     return replace(outcome, node_id=node_of(rank)) if node_of is not None else outcome
 
 
+def failure_cause(outcomes: Iterable[RankOutcome]) -> RankOutcome | None:
+    """The failure that ended the experiment: the first (by time, then rank) that was not
+    merely a lost peer; None when every rank succeeded."""
+    failures = [o for o in outcomes if o.status is not Status.ok]
+    if not failures:
+        return None
+    causes = [o for o in failures if not o.peer_failure] or failures
+    return min(causes, key=lambda o: (o.failed_at or float("inf"), o.rank))
+
+
+def infrastructure_failure(outcomes: Iterable[RankOutcome]) -> RankOutcome | None:
+    """The cause of the experiment's failure when it is the machinery's (see
+    :attr:`RankOutcome.infrastructure`): run it again rather than record it."""
+    cause = failure_cause(outcomes)
+    return cause if cause is not None and cause.infrastructure else None
+
+
+def infrastructure_result(result: ExperimentResult, cause: str, retries: int) -> ExperimentResult:
+    """``result`` of an experiment whose every attempt failed in the machinery: an error that
+    says so (``infrastructure: ...``), never the configuration's."""
+    attempts = retries + 1
+    return replace(
+        result,
+        status=Status.error,
+        metrics=None,
+        error=f"infrastructure: {cause} ({attempts} attempt{'s' if attempts > 1 else ''}, "
+        "each on a fresh port and, where the ranks were lost, fresh ranks)",
+        infrastructure_retries=retries,
+    )
+
+
 def combine_outcomes(
     name: str, outcomes: Sequence[RankOutcome], started_at: str, threads_per_rank: int = 1
 ) -> ExperimentResult:
@@ -149,10 +202,8 @@ def combine_outcomes(
     """
     ordered = sorted(outcomes, key=lambda o: o.rank)
     node_ids = tuple(o.node_id for o in ordered)
-    failures = [o for o in ordered if o.status is not Status.ok]
-    if failures:
-        causes = [o for o in failures if not o.peer_failure] or failures
-        cause = min(causes, key=lambda o: (o.failed_at or float("inf"), o.rank))
+    cause = failure_cause(ordered)
+    if cause is not None:
         return ExperimentResult(
             name=name,
             status=cause.status,
@@ -183,4 +234,5 @@ def combine_outcomes(
         started_at=started_at,
         timings=Timings(startup_s=lead.startup_s, warmup_s=lead.warmup_s, window_s=lead.window_s),
         node_ids=node_ids,
+        stopped_after_steps=lead.stopped_after_steps,
     )

@@ -1,11 +1,12 @@
 """What runners and ranks need of their process and host: environment entries set for a while,
-torchrun's variables, a free port, the time, the process's own status."""
+torchrun's variables, a free port or one held for a rendezvous, the time, the process's own
+status."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -66,6 +67,50 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+class PortReservation:
+    """A TCP port held for an experiment's rendezvous until :meth:`close`.
+
+    A port that was merely free when picked goes back to the pool the OS hands out, and any
+    process may take it before rank 0's store binds it (measured: an experiment recorded as
+    ``DistNetworkError ... EADDRINUSE``). Held by a socket bound with ``SO_REUSEADDR`` and not
+    listening, the port is refused to every other bind and to outgoing connections, while
+    the store, which binds with ``SO_REUSEADDR`` too, can still listen on it.
+    """
+
+    def __init__(self, port: int, sock: socket.socket | None = None) -> None:
+        self.port = port
+        self._socket = sock
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def reserve_port(host: str = "127.0.0.1") -> PortReservation:
+    """A port on ``host`` that the OS picks, held (see :class:`PortReservation`).
+
+    Example:
+        >>> reservation = reserve_port()
+        >>> reservation.port > 0
+        True
+        >>> reservation.close()
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return PortReservation(int(sock.getsockname()[1]), sock)
+
+
+PortReserver = Callable[[str], PortReservation]
+"""How a runner holds its rendezvous port: :func:`reserve_port`; tests inject collisions."""
 
 
 def utc_now() -> str:

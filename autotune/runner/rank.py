@@ -104,7 +104,7 @@ def _profiled_run(
     import autotune.engine as engine_lib
     from autotune.profiling.flops import flops_per_micro_batch
     from autotune.profiling.interference import WindowCpu, sample_cpu
-    from autotune.profiling.window import StepTimer
+    from autotune.profiling.window import StepTimer, ends_early
     from autotune.workloads import resolve_workload
 
     assert spec.workload is not None  # a spec without a script has one
@@ -140,13 +140,12 @@ def _profiled_run(
         # Made before they are timed: synthetic data is not the input pipeline being tuned.
         return [workload.make_batch(micro, generator) for _ in range(num_steps * accumulation)]
 
-    def train(steps: list[tuple[Any, ...]], timer: StepTimer | None) -> None:
-        for index, inputs in enumerate(steps):
+    def train(micro_batches: list[tuple[Any, ...]]) -> None:
+        """One optimizer step."""
+        for inputs in micro_batches:
             loss = engine(*inputs)
             engine.backward(loss)
             engine.step()
-            if timer is not None and (index + 1) % accumulation == 0:
-                timer.lap()
 
     def sync() -> None:
         if device.type == "cuda":
@@ -158,13 +157,20 @@ def _profiled_run(
     sync()
     warmup_started = time.perf_counter()
     startup_s = warmup_started - started
-    train(warmup_batches, timer=None)
+    for first in range(0, len(warmup_batches), accumulation):
+        train(warmup_batches[first : first + accumulation])
     timer = StepTimer(sync=sync)
     cpu_before = sample_cpu()
     timer.start()
     warmup_s = time.perf_counter() - warmup_started
     window_started = time.perf_counter()
-    train(window_batches, timer=timer)
+    stopped_after_steps = None
+    for timed in range(1, spec.window_steps + 1):
+        train(window_batches[(timed - 1) * accumulation : timed * accumulation])
+        timer.lap()
+        if ends_early(timer, spec.window_steps, spec.stop_above_step_s):
+            stopped_after_steps = timed
+            break
     window_s = time.perf_counter() - window_started
     window_cpu = WindowCpu.between(cpu_before, sample_cpu())
 
@@ -182,6 +188,7 @@ def _profiled_run(
         warmup_s=warmup_s,
         window_s=window_s,
         window_cpu=window_cpu.to_dict() if window_cpu is not None else None,
+        stopped_after_steps=stopped_after_steps,
     )
 
 

@@ -20,6 +20,7 @@ from autotune.runner.outcome import (
     RankOutcome,
     experiment_verdict,
     failure_outcome,
+    infrastructure_failure,
 )
 from autotune.runner.process import utc_now
 from autotune.runner.ray_gang import DriverPaths, Gang
@@ -51,6 +52,9 @@ class RunningExperiment:
         self.ranks_began: float | None = None  # the experiment's clock; None while starting
         self._grace_deadline = float("inf")  # set by the first failure
         self._note_ranks_began()
+        # Answered before each rank's run begins (an actor runs its calls in order): an actor
+        # whose probe fails was lost before the experiment began on it.
+        self._probes = {rank: actor.ready.remote() for rank, actor in enumerate(gang.actors)}
         # Passing rank 0's rendezvous future straight to every rank lets Ray deliver the
         # address without a driver round trip.
         init_method = gang.actors[0].rendezvous.remote()
@@ -87,9 +91,9 @@ class RunningExperiment:
             self.outcomes[rank] = outcome
             if outcome.status is not Status.ok:
                 # The failed rank tore its group down; peers get a grace period to notice.
-                self._grace_deadline = min(
-                    self._grace_deadline, time.perf_counter() + FAILURE_GRACE_S
-                )
+                # Peers of a failed rendezvous wait in it for nothing: no grace for them.
+                grace_s = 0.0 if outcome.infrastructure else FAILURE_GRACE_S
+                self._grace_deadline = min(self._grace_deadline, time.perf_counter() + grace_s)
         return len(self.outcomes) == self.spec.world_size or time.perf_counter() >= self.deadline
 
     def _note_ranks_began(self) -> None:
@@ -109,6 +113,12 @@ class RunningExperiment:
             )
         )
 
+    def infrastructure_failure(self) -> str | None:
+        """What failed, when the experiment failed in the machinery rather than in its
+        configuration (see :attr:`RankOutcome.infrastructure`); else None."""
+        cause = infrastructure_failure(self.outcomes.values())
+        return (cause.error or "") if cause is not None else None
+
     def result(self) -> ExperimentResult:
         total_s = time.perf_counter() - self.started
         if self.ranks_began is None and not self.outcomes:
@@ -120,9 +130,14 @@ class RunningExperiment:
                 started_at=self.started_at,
                 timings=Timings(total_s=total_s),
             )
-        return experiment_verdict(
+        result = experiment_verdict(
             self.spec, self.outcomes, self.started_at, total_s, node_of=self.gang.node_id
         )
+        if result.ok and self.ranks_began is not None:
+            # A new gang's start-up (its processes, torch, DeepSpeed) was this experiment's.
+            actors_s = self.ranks_began - self.started
+            result = result.with_timings(startup_s=result.timings.startup_s + actors_s)
+        return result
 
     def _collect(self, rank: int, future: Any) -> RankOutcome:
         try:
@@ -135,10 +150,34 @@ class RunningExperiment:
             ray.exceptions.OutOfMemoryError,
         ) as exc:
             self.gang_broken = True
+            # Ray's memory monitor kills a worker that runs a task: never before it began.
+            oom = isinstance(exc, ray.exceptions.OutOfMemoryError)
+            if not oom and self._lost_before_it_began(rank):
+                return RankOutcome(
+                    rank=rank,
+                    status=Status.error,
+                    error=f"RankLost: rank {rank} actor was lost before the experiment began "
+                    f"({_death_cause(exc)})",
+                    error_detail=str(exc),
+                    failed_at=time.time(),
+                    node_id=self.gang.node_id(rank),
+                    infrastructure=True,
+                )
             return self._actor_lost(rank, exc)
         except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
             self.gang_broken = True  # its state is unknown: do not reuse it
             return replace(failure_outcome(rank, exc), node_id=self.gang.node_id(rank))
+
+    def _lost_before_it_began(self, rank: int) -> bool:
+        """Whether ``rank``'s actor was gone before its part of the experiment began: its
+        probe, answered just before, failed too."""
+        try:
+            ray.get(self._probes[rank], timeout=1.0)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.RayError:  # not answered yet, or unknown: no evidence it was gone
+            return False
+        return False
 
     def _actor_lost(self, rank: int, exc: ray.exceptions.RayError) -> RankOutcome:
         """The outcome of a rank whose actor is gone: killed by Ray's memory monitor, or died."""

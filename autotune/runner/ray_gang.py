@@ -7,6 +7,7 @@ between experiments, by shape, and evicts idle ones when another shape needs the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -26,7 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.experiment import ExperimentSpec
 from autotune.runner.outcome import RankOutcome, failure_outcome
-from autotune.runner.process import free_port, proc_status
+from autotune.runner.process import PortReservation, PortReserver, proc_status, reserve_port
 
 RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
 """What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
@@ -47,6 +48,8 @@ class GangShape:
     cpus_per_rank: int
     gpus_per_rank: float
     resources_per_rank: tuple[tuple[str, float], ...] = ()
+    # What measures the experiments: a DeepSpeed gang loads DeepSpeed as it starts.
+    engine: str = "builtin"
 
     def bundle(self) -> dict[str, float]:
         """One rank's resources, as a placement-group bundle."""
@@ -99,28 +102,55 @@ class DriverPaths:
                 sys.path.append(path)
 
 
+def _prepare_deepspeed(world_size: int) -> None:
+    """Load DeepSpeed as the actor starts (:func:`autotune.runner.deepspeed_engine.prepare`).
+    A failure here is left for the experiment to meet and report with its traceback."""
+    from autotune.runner import deepspeed_engine
+
+    with contextlib.suppress(Exception):
+        deepspeed_engine.prepare(world_size)
+
+
 class _RankActor:
     """One rank's warm process. Decorated with ``ray.remote`` below."""
 
-    def __init__(self, rank_fn: RankFn, num_threads: int, preload_torch: bool = True) -> None:
+    def __init__(
+        self,
+        rank_fn: RankFn,
+        shape: GangShape,
+        preload_torch: bool = True,
+        reserve: PortReserver = reserve_port,
+    ) -> None:
         if preload_torch:
             import torch  # the import a fresh launch pays every time, paid once here
 
             from autotune.engine.launch import import_before_process_groups
 
-            torch.set_num_threads(num_threads)
+            torch.set_num_threads(shape.cpus_per_rank)
             import_before_process_groups()  # else paid inside the first experiment
+            if shape.engine == "deepspeed":
+                _prepare_deepspeed(shape.world_size)
         self._rank_fn = rank_fn
+        self._reserve = reserve
+        self._reservation: PortReservation | None = None
         gc.freeze()
 
     def ready(self) -> None:
         """Answers once the actor has started (its ``__init__`` done)."""
 
     def rendezvous(self) -> str:
-        """Where this experiment's ranks meet: a free port on this (the rank-0) node."""
+        """Where this experiment's ranks meet: a port on this (the rank-0) node, held until
+        this actor's rank has run (see :class:`autotune.runner.process.PortReservation`)."""
         host = ray.util.get_node_ip_address()
+        self._release_port()
+        self._reservation = self._reserve(host)
         url_host = f"[{host}]" if ":" in host else host
-        return f"tcp://{url_host}:{free_port(host)}"
+        return f"tcp://{url_host}:{self._reservation.port}"
+
+    def _release_port(self) -> None:
+        if self._reservation is not None:
+            self._reservation.close()
+            self._reservation = None
 
     def run(
         self, spec: ExperimentSpec, rank: int, init_method: str, paths: DriverPaths
@@ -130,6 +160,8 @@ class _RankActor:
             outcome = self._rank_fn(spec, rank, init_method)
         except Exception as exc:  # run_rank never raises; an injected rank_fn might
             outcome = failure_outcome(rank, exc)
+        finally:
+            self._release_port()
         # What survived run_rank's full collection is long-lived (torch, modules): frozen, the
         # next experiment's collection skips it. Measured: 0.2-0.35 s of each experiment's
         # overhead went to rescanning ~330k such objects.
@@ -162,6 +194,7 @@ class Gang:
         strategy: Strategy,
         env_vars: Mapping[str, str],
         preload_torch: bool = True,
+        reserve: PortReserver = reserve_port,
     ) -> None:
         self.shape = shape
         self.created = time.monotonic()
@@ -181,7 +214,7 @@ class Gang:
                     self.group, placement_group_bundle_index=rank
                 ),
                 runtime_env={"env_vars": dict(env_vars)},
-            ).remote(rank_fn, shape.cpus_per_rank, preload_torch)
+            ).remote(rank_fn, shape, preload_torch, reserve)
             for rank in range(shape.world_size)
         ]
         self._starting = [actor.ready.remote() for actor in self.actors]

@@ -20,6 +20,12 @@ Failure isolation, mirroring :mod:`autotune.runner.local`:
   naming the death; the gang is replaced. Only the experiment on that gang fails; the others
   running keep going. Ray's death report cannot tell the kernel's OOM killer from other causes.
 - An actor killed by Ray's memory monitor: status ``oom``; the gang is replaced.
+- A failure of the machinery, not of the configuration (the rendezvous port taken, an actor
+  lost before the experiment began on it): the experiment runs again, first in line, on a
+  fresh port and fresh actors where its were lost, up to ``INFRASTRUCTURE_RETRIES`` times
+  (``infrastructure_retries`` counts them); if every attempt fails so, status ``error`` with
+  a message that starts ``infrastructure:``. The port is held from when rank 0's actor picks
+  it until the experiment ends, so that no other process can take it meanwhile.
 - More GPUs per experiment than the cluster has at all: a ``ConfigError`` before the first
   experiment, as no experiment of that world size could ever be placed.
 
@@ -38,13 +44,15 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import ray
 
 from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
-from autotune.runner.process import utc_now
+from autotune.runner.outcome import INFRASTRUCTURE_RETRIES, infrastructure_result
+from autotune.runner.process import PortReserver, reserve_port, utc_now
 from autotune.runner.rank import run_rank
 from autotune.runner.ray_cluster import connect_ray
 from autotune.runner.ray_experiment import ACTOR_START_TIMEOUT_S, RunningExperiment
@@ -101,6 +109,8 @@ class RayRunner:
             in the results).
         actor_start_timeout_s: how long a new gang's actors may take to start before the
             experiment waiting for them fails (its ``timeout_s`` starts once they have).
+        reserve_port: how rank 0's actor holds the rendezvous port (tests inject a
+            collision); runs in that actor.
     """
 
     def __init__(
@@ -115,6 +125,7 @@ class RayRunner:
         preload_torch: bool = True,
         quiet: bool = True,
         actor_start_timeout_s: float = ACTOR_START_TIMEOUT_S,
+        reserve_port: PortReserver = reserve_port,
     ) -> None:
         self._owns_ray = connect_ray(address, num_cpus, quiet)
         if gpus_per_rank is None:
@@ -125,7 +136,11 @@ class RayRunner:
         self._rank_fn = rank_fn
         self._preload_torch = preload_torch
         self._actor_start_timeout_s = actor_start_timeout_s
+        self._reserve_port = reserve_port
         self._pool = Pool(self._make_gang)
+        # Experiments run again after a failure of the machinery: by name, their retries so
+        # far and when their first attempt started.
+        self._retried: dict[str, tuple[int, str, float]] = {}
         self._queued: deque[ExperimentSpec] = deque()
         self._running: list[RunningExperiment] = []
         self._waiting_since = time.perf_counter()
@@ -194,7 +209,9 @@ class RayRunner:
             ready = set(self._wait(self._running, idle=bool(self._queued)))
             for experiment in [e for e in self._running if e.poll(ready)]:
                 self._running.remove(experiment)
-                results.append(self._finish(experiment))
+                finished = self._finish(experiment)
+                if finished is not None:
+                    results.append(finished)
         return results
 
     def running(self) -> list[str]:
@@ -208,6 +225,7 @@ class RayRunner:
         for experiment in self._running:
             self._pool.discard(experiment.gang, replace_it=False)
         self._running.clear()
+        self._retried.clear()
 
     def capacity(self, world_size: int, cpus_per_rank: int = 1) -> int:
         """How many experiments of ``world_size`` ranks the live nodes hold at once, each
@@ -259,7 +277,9 @@ class RayRunner:
         self.close()
 
     def _shape(self, spec: ExperimentSpec) -> GangShape:
-        return GangShape(spec.world_size, spec.cpus_per_rank, self._gpus_per_rank, self._resources)
+        return GangShape(
+            spec.world_size, spec.cpus_per_rank, self._gpus_per_rank, self._resources, spec.engine
+        )
 
     def _check_gpus_fit(self, world_size: int) -> None:
         if self._gpus_per_rank:
@@ -310,15 +330,32 @@ class RayRunner:
             # actors that ask for no GPU, which have varied across versions.
             env_vars["CUDA_VISIBLE_DEVICES"] = ""
         strategy = self._strategy_for(shape)
-        return Gang(shape, self._rank_fn, strategy, env_vars, self._preload_torch)
+        return Gang(
+            shape, self._rank_fn, strategy, env_vars, self._preload_torch, self._reserve_port
+        )
 
-    def _finish(self, experiment: RunningExperiment) -> ExperimentResult:
+    def _finish(self, experiment: RunningExperiment) -> ExperimentResult | None:
+        """The experiment's result, or None when it runs again: a failure of the machinery
+        (see :attr:`RankOutcome.infrastructure`) is retried first in line, up to
+        ``INFRASTRUCTURE_RETRIES`` times, on a fresh port (and fresh actors where its
+        were lost). Its result counts the retries, and its timings cover every attempt."""
         result = experiment.result()
         if experiment.gang_reusable:
             self._pool.release(experiment.gang)
         else:  # hung, dead or unresponsive actors: not worth trusting with the next experiment
             self._pool.discard(experiment.gang, replace_it=True)
-        return result
+        spec = experiment.spec
+        retries, started_at, started = self._retried.pop(
+            spec.name, (0, experiment.started_at, experiment.started)
+        )
+        cause = experiment.infrastructure_failure()
+        if cause is not None and retries < INFRASTRUCTURE_RETRIES:
+            self._retried[spec.name] = (retries + 1, started_at, started)
+            self._queued.appendleft(spec)
+            return None
+        result = replace(result, started_at=started_at, infrastructure_retries=retries)
+        result = result.with_timings(total_s=time.perf_counter() - started)
+        return infrastructure_result(result, cause, retries) if cause is not None else result
 
     def _unplaceable(
         self, spec: ExperimentSpec, running: list[RunningExperiment], waiting_since: float

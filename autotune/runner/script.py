@@ -38,7 +38,7 @@ from autotune.deepspeed.stand_in import standing_in
 from autotune.engine import hooks
 from autotune.experiment import CONFIG_NAME, ExperimentSpec, Metrics, Status
 from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
-from autotune.profiling.window import StepTimer
+from autotune.profiling.window import StepTimer, ends_early
 from autotune.runner import deepspeed_engine
 from autotune.runner.outcome import RankOutcome
 from autotune.runner.process import torchrun_env
@@ -81,7 +81,9 @@ class ScriptObserver:
 
     FLOPs are counted over one whole optimizer step (forward and backward of every
     micro-batch) with ``FlopCounterMode``: step 1 when it is warm-up, else the step after the
-    window, so counting never slows a timed step.
+    window, so counting never slows a timed step. A window slower than
+    ``spec.stop_above_step_s`` ends after the step that shows it, as the full window ends
+    after its last step (see :func:`autotune.profiling.window.ends_early`).
     """
 
     def __init__(self, spec: ExperimentSpec, device: torch.device, started: float) -> None:
@@ -102,6 +104,7 @@ class ScriptObserver:
         self._checked_micro_batch = False
         self.window_cpu: WindowCpu | None = None
         self.metrics: Metrics | None = None
+        self.stopped_after_steps: int | None = None
 
     # --- EngineObserver -------------------------------------------------------------------
 
@@ -155,13 +158,17 @@ class ScriptObserver:
 
     def on_optimizer_step(self, engine: Any) -> None:
         step = engine.global_steps
+        start, end = self.spec.start_profile_step, self.spec.end_profile_step
         if step == self.flop_step:
             self._stop_counting()
-        if step == self.spec.start_profile_step - 1:
+        if step == start - 1:
             self._start_window()
-        elif self.spec.start_profile_step <= step <= self.spec.end_profile_step:
+        elif start <= step <= end and self.stopped_after_steps is None:
             self.timer.lap()
-            if step == self.spec.end_profile_step:
+            if ends_early(self.timer, self.spec.window_steps, self.spec.stop_above_step_s):
+                self.stopped_after_steps = step - start + 1
+                self._end_window_early(step)
+            if step == end or self.stopped_after_steps is not None:
                 self.window_s = self.timer.total_s
                 self.window_cpu = WindowCpu.between(self._cpu_before, sample_cpu())
         if step == self.flop_step - 1 and step > 0:
@@ -169,6 +176,13 @@ class ScriptObserver:
         if step >= self.last_step:
             self.metrics = self._measure(engine)
             raise WindowDone
+
+    def _end_window_early(self, step: int) -> None:
+        """The window ends at ``step``: the script's run ends there too, or one step later
+        where the step after the window was to count the FLOPs (a window from step 1)."""
+        if self.flop_step > step:
+            self.flop_step = step + 1
+        self.last_step = max(step, self.flop_step)
 
     # --- measuring ------------------------------------------------------------------------
 
@@ -295,6 +309,7 @@ def run_script(
         warmup_s=observer.warmup_s,
         window_s=observer.window_s,
         window_cpu=observer.window_cpu.to_dict() if observer.window_cpu is not None else None,
+        stopped_after_steps=observer.stopped_after_steps,
     )
 
 

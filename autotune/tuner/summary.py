@@ -55,6 +55,8 @@ class TuningSummary:
             steps).
         cost_model: ``model_based``'s cost model as last fitted (its constants with their
             uncertainties, see :meth:`autotune.tuner.cost_model.CostModel.to_dict`).
+        num_infrastructure_retries: experiments run again by the runner after a failure of
+            the machinery, not of the configuration (a port taken, a rank lost before it began).
     """
 
     metric: Metric
@@ -78,6 +80,7 @@ class TuningSummary:
     noise: float | None = None
     num_stopped_early: int = 0
     cost_model: Mapping[str, Any] | None = None
+    num_infrastructure_retries: int = 0
 
     @property
     def num_tied(self) -> int:
@@ -164,6 +167,7 @@ class TuningSummary:
             "noise": self.noise,
             "num_stopped_early": self.num_stopped_early,
             "cost_model": dict(self.cost_model) if self.cost_model is not None else None,
+            "num_infrastructure_retries": self.num_infrastructure_retries,
         }
 
 
@@ -219,6 +223,7 @@ def summarize(
             1 for r in ledger.results.values() if r.stopped_after_steps is not None
         ),
         cost_model=cost_model.to_dict() if cost_model is not None else None,
+        num_infrastructure_retries=sum(r.infrastructure_retries for r in ledger.results.values()),
     )
 
 

@@ -11,10 +11,13 @@ from typing import Any
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.runner.outcome import RankOutcome
+from autotune.runner.process import PortReservation, reserve_port
+from autotune.script_target import ScriptTarget
 from tests.runner.faulty_workloads import TINY_GPT
 from tests.specs import job_spec
 
 FAULTY = "tests.runner.faulty_workloads:faulty"
+DS_SCRIPT = Path(__file__).with_name("ds_script.py")
 
 
 def spec(
@@ -35,8 +38,32 @@ def spec(
         ds_config,
         workload=workload,
         workload_args=TINY_GPT if args is None else args,
-        start_profile_step=2,
-        end_profile_step=4,
+        **{"start_profile_step": 2, "end_profile_step": 4, **kw},
+    )
+
+
+def script_spec(name: str, output_dir: Path, **kw: Any) -> ExperimentSpec:
+    """``ds_script.py`` (a DeepSpeed-style script, its loader following the micro-batch) as
+    :func:`spec`'s experiment: ZeRO-2, micro-batch 2, accumulation 2, window steps 2-4."""
+    config = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 2},
+    }
+    target = ScriptTarget.from_command(
+        [str(DS_SCRIPT), "--deepspeed", "ds_config.json"],
+        {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"},
+    )
+    return spec(
+        name,
+        workload=None,
+        args={},
+        ds_config=config,
+        script=target,
+        client_config=config,
+        output_dir=str(output_dir / name),
         **kw,
     )
 
@@ -64,3 +91,20 @@ def stand_in(
         end_profile_step=1,
         timeout_s=timeout_s,
     )
+
+
+def taken_once(marker: str, host: str) -> PortReservation:
+    """A rendezvous port that another process took first (the port number in the file
+    ``marker``, which a test's socket listens on), the first time; then a real one. Runs
+    where the runner reserves ports: the driver, or rank 0's actor."""
+    path = Path(marker)
+    if path.exists():
+        port = int(path.read_text())
+        path.unlink()
+        return PortReservation(port)  # holds nothing: the other process has it
+    return reserve_port(host)
+
+
+def taken_always(port: int, host: str) -> PortReservation:
+    """A rendezvous port another process always took first."""
+    return PortReservation(port)

@@ -209,3 +209,44 @@ def test_the_leftovers_of_killed_deepspeed_processes_are_cleared_and_live_ones_k
     finally:
         for path in (stale_buffer, mapped_buffer):
             path.unlink(missing_ok=True)
+
+
+def test_deepspeed_builds_its_ops_in_a_folder_of_its_own_installation() -> None:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    from autotune.runner.deepspeed_engine import extensions_dir
+
+    folder = extensions_dir()
+    assert folder == extensions_dir()  # the same folder every time, in every process
+    assert os.path.dirname(folder) == get_default_build_root()
+    # Not PyTorch's shared folder (py311_cpu), where other environments rebuild its ops.
+    assert re.fullmatch(r"py\d+_(cpu|cu\d+)_deepspeed_[0-9a-f]{12}", os.path.basename(folder))
+
+
+def test_the_cpus_description_is_asked_once_a_boot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    from autotune.runner import deepspeed_engine
+
+    asked = []
+    fake = types.ModuleType("cpuinfo")
+
+    def get_cpu_info() -> dict[str, Any]:
+        asked.append(1)
+        return {"flags": ["avx2"], "arch_string_raw": "x86_64"}
+
+    fake.get_cpu_info = get_cpu_info  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cpuinfo", fake)
+    monkeypatch.setenv(deepspeed_engine.EXTENSIONS_ENV, str(tmp_path))
+    for _process in range(2):  # the second as a new process: only the file remains
+        monkeypatch.setattr(deepspeed_engine, "_cpu_info_remembered", False)
+        fake.get_cpu_info = get_cpu_info  # type: ignore[attr-defined]
+        deepspeed_engine._remember_cpu_info()
+        for _ in range(2):  # as an op build asks: twice
+            assert fake.get_cpu_info()["flags"] == ["avx2"]
+    on_linux = os.path.exists("/proc/sys/kernel/random/boot_id")  # else: one ask a process
+    assert len(asked) == (1 if on_linux else 2)
+    assert len(list(tmp_path.glob("cpuinfo-*.json"))) == (1 if on_linux else 0)

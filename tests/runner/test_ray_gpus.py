@@ -124,8 +124,9 @@ def test_ranks_without_gpus_see_none(
 ) -> None:
     # A rank that sees a GPU takes it for NCCL: CPU ranks on a GPU node must not see one.
     made: list[dict[str, str]] = []
-    monkeypatch.setattr(ray_runner, "Gang", lambda shape, fn, strategy, env, _: made.append(env))
+    monkeypatch.setattr(ray_runner, "Gang", lambda shape, fn, strategy, env, *_: made.append(env))
     runner = object.__new__(RayRunner)
     runner._rank_fn, runner._strategy, runner._preload_torch = None, "PACK", True
+    runner._reserve_port = None
     runner._make_gang(GangShape(2, 1, gpus_per_rank))
     assert (made[0].get("CUDA_VISIBLE_DEVICES") == "") is hidden

@@ -104,19 +104,17 @@ def test_an_idle_gang_of_another_shape_makes_room(runner: RayRunner) -> None:
     assert [a.world_size for a in runner.actors()] == [1]
 
 
-def test_an_actor_that_died_while_idle_fails_one_experiment_and_is_replaced(
+def test_an_actor_that_died_while_idle_is_replaced_and_its_experiment_run_again(
     runner: RayRunner,
 ) -> None:
     assert runner.run(stand_in("warm", world_size=2)).ok
     victim = next(a.pid for a in runner.actors() if a.rank == 0 and a.world_size == 2)
     os.kill(victim, signal.SIGKILL)
     assert wait_for(lambda: not alive(victim))
+    # Lost before the experiment began: not the experiment's failure (issue 34).
     result = runner.run(stand_in("after-death", world_size=2))
-    assert result.status is Status.error
-    assert result.failed_rank == 0
-    assert result.error is not None and result.error.startswith("RankDied: rank 0")
-    again = runner.run(stand_in("replaced", world_size=2))
-    assert again.ok, again.error
+    assert result.status is Status.ok, result.error
+    assert result.infrastructure_retries == 1
     assert victim not in {a.pid for a in runner.actors()}
 
 
