@@ -69,12 +69,11 @@ MEMORY_SD_ESTIMATED = 0.5
 MEMORY_SD_CALIBRATED = 0.05
 # ... and for a variant none of whose peaks was measured, once another's were.
 MEMORY_SD_TRANSFERRED = 0.15
-# How alike two configurations' misfits are (the residual process's kernel): half is the
-# variant's own, the other half fades as micro-batches this many e-folds apart keep e^-1/2 of
-# it, each knob that differs keeping this share.
+# How alike two configurations' misfits are (the residual process's kernel), beyond what
+# their variant shares: micro-batches this many e-folds apart keep e^-1/2 of it, each knob
+# that differs keeps this share.
 MICRO_BATCH_SCALE = math.log(4.0)
 KNOB_CORRELATION = 0.8
-VARIANT_SHARE = 0.5
 # The share of device memory under which a step may slow down as the allocator retries.
 EDGE_SHARE = 0.05
 # A measurement taken while the machine was busy, or cut short as a loser, says less.
@@ -600,22 +599,27 @@ class ModelSearch:
 
 
 class _Residuals:
-    """The Gaussian process on the cost model's residuals (kernel :func:`kernel`, amplitude
-    the misfit of a measured variant), conditioned on what was measured."""
+    """The Gaussian process on the cost model's residuals (kernel :func:`kernel`: a part the
+    whole variant shares, as large as an unmeasured variant's misfit, and a local part, as
+    large as the misfit the fit showed), conditioned on what was measured."""
 
     def __init__(self, search: ModelSearch, model: CostModel) -> None:
         measured = search.measured_residuals(model)
         self._keys = [key for key, _, _ in measured]
-        self._amplitude = model.misfit_unmeasured**2
+        self._variant_var = max(0.0, model.misfit_unmeasured**2 - model.misfit_measured**2)
+        self._local_var = model.misfit_measured**2
         self._inverse: np.ndarray = np.zeros((0, 0))
         self._weights: np.ndarray = np.zeros(0)
         if not measured:
             return
         residuals = np.array([r for _, r, _ in measured])
-        gram = self._amplitude * np.array([[kernel(a, b) for b in self._keys] for a in self._keys])
+        gram = np.array([[self._kernel(a, b) for b in self._keys] for a in self._keys])
         gram += np.diag([n for _, _, n in measured])
         self._inverse = np.linalg.inv(gram)
         self._weights = self._inverse @ residuals
+
+    def _kernel(self, a: Key, b: Key) -> float:
+        return kernel(a, b, self._variant_var, self._local_var)
 
     def cross(self, keys: Sequence[Key]) -> np.ndarray:
         """The prior covariance of each of ``keys`` with each measured configuration."""
@@ -632,13 +636,13 @@ class _Residuals:
                 local = np.exp(-0.5 * distance**2) * KNOB_CORRELATION ** _differing(
                     knobs, other_knobs
                 )
-                cross[rows, j] = self._amplitude * (VARIANT_SHARE + (1 - VARIANT_SHARE) * local)
+                cross[rows, j] = self._variant_var + self._local_var * local
         return cross
 
     def posterior(self, keys: Sequence[Key]) -> tuple[np.ndarray, np.ndarray]:
         """Each key's residual given what was measured: its mean (the shift of its predicted
         log step time) and its variance."""
-        prior_var = np.full(len(keys), self._amplitude)
+        prior_var = np.full(len(keys), self._variant_var + self._local_var)
         if not self._keys:
             return np.zeros(len(keys)), prior_var
         cross = self.cross(keys)
@@ -647,7 +651,7 @@ class _Residuals:
 
     def covariance(self, keys: Sequence[Key], other: Key) -> np.ndarray:
         """The posterior covariance of each key's residual with ``other``'s."""
-        prior = np.array([self._amplitude * kernel(key, other) for key in keys])
+        prior = np.array([self._kernel(key, other) for key in keys])
         if not self._keys:
             return prior
         cross = self.cross(keys)
@@ -663,15 +667,15 @@ def worth_measuring(candidates: Sequence[Scored]) -> bool:
     )
 
 
-def kernel(a: Key, b: Key) -> float:
-    """How alike the model's misfit is at two configurations (1: the same one): a share
-    common to the whole variant (what the model leaves out of a stage's cost), the rest
-    fading with the micro-batches' ratio and each knob that differs."""
+def kernel(a: Key, b: Key, variant_var: float, local_var: float) -> float:
+    """The covariance of the model's misfit at two configurations: ``variant_var`` shared
+    by the whole variant (what the model leaves out of a stage's cost), ``local_var`` fading
+    with the micro-batches' ratio and each knob that differs."""
     if a[0] != b[0]:
         return 0.0
     distance = (math.log(a[1]) - math.log(b[1])) / MICRO_BATCH_SCALE
     local = math.exp(-0.5 * distance * distance) * KNOB_CORRELATION ** _differing(a[2], b[2])
-    return VARIANT_SHARE + (1 - VARIANT_SHARE) * local
+    return variant_var + local_var * local
 
 
 def _differing(a: Knobs, b: Knobs) -> int:
