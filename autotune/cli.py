@@ -6,7 +6,6 @@ import contextlib
 import copy
 import enum
 import json
-import shutil
 import sys
 import time
 import warnings
@@ -279,9 +278,16 @@ def _make_runner(kind: RunnerKind, ray_address: str | None, gpus_per_rank: float
     return RayRunner(address=ray_address, gpus_per_rank=gpus_per_rank)
 
 
+# DIR of report and best: run's default results directory, so that `autotune run` and then
+# `autotune report` need no path.
+_RESULTS_DIR_HELP = "A results directory (default: run's, autotuning_results)."
+
+
 @app.command()
 def report(
-    results_dir: Annotated[Path, typer.Argument(help="A results directory.")],
+    results_dir: Annotated[
+        Path | None, typer.Argument(help=_RESULTS_DIR_HELP, show_default=False)
+    ] = None,
     format: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.table,
     metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
     runs: Annotated[
@@ -293,7 +299,8 @@ def report(
     and best name the winner); --runs: every measurement by its own value."""
     from autotune.results import ResultsDir, ResultsDirError, load_results
 
-    chosen = metric or ResultsDir(results_dir).recorded_metric() or Metric.throughput
+    results_dir = results_dir or default_results_dir()
+    chosen = metric or ResultsDir(results_dir).ranked_metric()
     try:
         frame = load_results(results_dir, ranked_by=chosen, runs=runs)
     except (ResultsDirError, ValueError) as err:
@@ -303,7 +310,6 @@ def report(
     elif format is ReportFormat.json:
         typer.echo(frame.to_json(orient="records", date_format="iso", indent=2))
     else:
-        from rich.console import Console
         from rich.table import Table
 
         columns = {
@@ -339,8 +345,20 @@ def report(
                 "configurations measured once are listed after those measured again: "
                 "one lucky run is not declared best"
             )
-        # Piped output gets a wide table rather than rich's 80-column default.
-        Console(width=shutil.get_terminal_size((160, 24)).columns).print(table)
+        _report_console().print(table)
+
+
+# Wide enough for any row of the report on one line; a table takes only the width it needs.
+_PIPED_WIDTH = 1000
+
+
+def _report_console() -> Any:
+    """A terminal's own width (rich reads it, or ``COLUMNS``); anything else (a file, a
+    pipe, a test) gets every row on one line, whatever terminal the command was started
+    from, rather than rich's 80 columns that fold the table."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=_PIPED_WIDTH)
 
 
 def _cell(column: str, value: Any) -> str:
@@ -357,7 +375,9 @@ def _cell(column: str, value: Any) -> str:
 
 @app.command()
 def best(
-    results_dir: Annotated[Path, typer.Argument(help="A results directory.")],
+    results_dir: Annotated[
+        Path | None, typer.Argument(help=_RESULTS_DIR_HELP, show_default=False)
+    ] = None,
     command: Annotated[
         bool,
         typer.Option("--command", help="The command that trains the tuned script with it."),
@@ -368,6 +388,7 @@ def best(
     from autotune.results import ResultsDir
     from autotune.results.store import COMMAND_NAME, OPTIMAL_NAME
 
+    results_dir = results_dir or default_results_dir()
     results = ResultsDir(results_dir)
     path = results.optimal_path()
     if path is None:

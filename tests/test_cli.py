@@ -97,3 +97,23 @@ def test_run_exits_1_naming_the_error_when_every_experiment_fails_alike(
     assert error in result.stderr and "same error" in result.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["num_failed"] == len(ran) < 20 and error in summary["stop_reason"]
+
+
+def test_report_and_best_default_to_the_directory_run_defaults_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.results import ResultsDir
+    from tests.results.records import FINGERPRINT, make_result, make_spec
+
+    monkeypatch.chdir(tmp_path)
+    with ResultsDir.open("autotuning_results", FINGERPRINT) as results:
+        results.record(make_spec("z1_mbs4"), make_result("z1_mbs4", throughput=12.0))
+        optimal = results.write_optimal({"train_micro_batch_size_per_gpu": 4})
+    reported = runner.invoke(app, ["report", "-f", "json"])
+    assert reported.exit_code == 0, reported.output
+    assert [row["name"] for row in json.loads(reported.stdout)] == ["z1_mbs4"]
+    best = runner.invoke(app, ["best"])
+    assert best.exit_code == 0 and best.stdout.strip() == str(optimal)
+    # The example config tunes into the same directory.
+    example = Path(__file__).parents[1] / "configs" / "autotune_gpt.json"
+    assert json.loads(example.read_text())["autotuning"]["results_dir"] == "autotuning_results"
