@@ -6,14 +6,15 @@ import contextlib
 import copy
 import enum
 import json
-import shutil
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from autotune.config import ConfigError, EngineName, Metric, TunerType
 from autotune.config.sizes import format_size
@@ -26,12 +27,80 @@ from autotune.defaults import (
 )
 from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL
 
+# Typer's usage errors, whether it uses click or, as recent versions do, its own copy of it.
+_UsageError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+_ARGS = "autotune.args"  # the command line as given, kept in the context for the error line
+
+
+class _OneLineUsageErrors(TyperGroup):
+    """Typer's group of commands, except that a bad flag, flag value or command is one line
+    on stderr naming the flag and the value (exit 2), like every other bad input, instead of
+    Typer's box of usage and error."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[_ARGS] = list(args)
+        with _one_line_usage_error(args):
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage_error(ctx.meta.get(_ARGS, [])):
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line_usage_error(args: list[str]) -> Iterator[None]:
+    try:
+        yield
+    except _UsageError as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # `autotune` alone: the help, as Typer's
+            raise
+        raise fail(usage_line(err, args)) from None
+
+
+def usage_line(err: Any, args: list[str]) -> str:
+    """A usage error as one line: ``--world-size 0: input should be greater than or equal to
+    1``; a bad value is named by its flag (the long one) and the value as given."""
+    param = getattr(err, "param", None)
+    opts = [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    given = _value_given(args, opts) if opts and opts[0].startswith("-") else None
+    if isinstance(err, typer.BadParameter) and given is not None:
+        message = " ".join(str(err.message).split()).removeprefix("Value error, ")
+        message = f"{max(opts, key=len)} {given}: {_lowercase(message)}"
+    else:  # a missing argument, an unknown option or command: click's own words
+        message = _lowercase(" ".join(err.format_message().split()))
+    where = getattr(getattr(err, "ctx", None), "command_path", None) or "autotune"
+    return f"{message.rstrip('.')} (see {where} --help)"
+
+
+def _value_given(args: list[str], opts: list[str]) -> str | None:
+    """The value ``args`` gave an option spelled any of ``opts`` (the last one, as it wins):
+    ``--world-size 0``, ``--world-size=0`` or ``-n0``."""
+    for index in range(len(args) - 1, -1, -1):
+        arg = args[index]
+        for opt in opts:
+            if arg == opt:
+                return args[index + 1] if index + 1 < len(args) else None
+            if opt.startswith("--") and arg.startswith(f"{opt}="):
+                return arg[len(opt) + 1 :]
+            if not opt.startswith("--") and arg.startswith(opt) and len(arg) > len(opt):
+                return arg[len(opt) :]
+    return None
+
+
+def _lowercase(message: str) -> str:
+    """``Input should be ...`` → ``input should be ...``, leaving ``NCCL ...`` alone."""
+    return message[:1].lower() + message[1:] if message[1:2].islower() else message
+
+
 app = typer.Typer(
     name="autotune",
     help="Find the fastest ZeRO data-parallel training config for a PyTorch model.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_OneLineUsageErrors,
 )
 
 EXIT_BAD_INPUT = 2
@@ -193,28 +262,28 @@ def run(
         config = Path(found)
     if config is None and results_dir is None:  # the built-in config
         results_dir = default_results_dir()
+    flags = {
+        "metric": metric.value if metric else None,
+        "tuner_type": tuner.value if tuner else None,
+        "engine": engine.value if engine else None,
+        "fast": fast,
+        "tuner_num_trials": num_trials,
+        "tuner_early_stopping": early_stopping,
+        "start_profile_step": start_profile_step,
+        "end_profile_step": end_profile_step,
+        "timeout_s": timeout,
+        "time_budget_s": time_budget,
+        "seed": seed,
+        "results_dir": str(results_dir) if results_dir else None,
+    }
     try:
         spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
-        flags = {
-            "metric": metric.value if metric else None,
-            "tuner_type": tuner.value if tuner else None,
-            "engine": engine.value if engine else None,
-            "fast": fast,
-            "tuner_num_trials": num_trials,
-            "tuner_early_stopping": early_stopping,
-            "start_profile_step": start_profile_step,
-            "end_profile_step": end_profile_step,
-            "timeout_s": timeout,
-            "time_budget_s": time_budget,
-            "seed": seed,
-            "results_dir": str(results_dir) if results_dir else None,
-        }
         for key, value in flags.items():  # flags override the config's autotuning section
             if value is not None:
                 set_key(spec, f"autotuning.{key}", value)
         cfg = load_config(spec, world_size=world_size)
     except ConfigError as err:
-        raise fail(str(err)) from None
+        raise fail(str(_attributed(err, config, flags))) from None
     try:
         budget = parse_size(device_memory) if device_memory is not None else None
     except ValueError as err:
@@ -253,7 +322,9 @@ def run(
             Progress(console, quiet) as progress,
         ):
             report = tune(job, experiment_runner, on_event=progress, max_concurrent=max_concurrent)
-    except (WorkloadError, ResultsDirError, ResultsLockedError, ConfigError) as err:
+    except ConfigError as err:
+        raise fail(str(_attributed(err, config, flags))) from None
+    except (WorkloadError, ResultsDirError, ResultsLockedError) as err:
         raise fail(str(err)) from None
     except KeyboardInterrupt:
         typer.echo(
@@ -267,6 +338,28 @@ def run(
         # Nothing to train with: a script or pipeline calling autotune must see that.
         typer.echo(f"error: no experiment ran ok; stopped: {report.summary.stop_reason}", err=True)
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
+
+
+# The run flags that set a key of the autotuning section, where the flag is not the key.
+_FLAG_OF_KEY = {
+    "tuner_type": "--tuner",
+    "tuner_num_trials": "--num-trials",
+    "tuner_early_stopping": "--early-stopping",
+    "timeout_s": "--timeout",
+    "time_budget_s": "--time-budget",
+}
+
+
+def _attributed(err: ConfigError, config: Path | None, flags: dict[str, Any]) -> ConfigError:
+    """``err`` naming where the bad value came from, as ``autotune validate`` does: the flag
+    that set it (``--time-budget -5``), else the config file."""
+    if err.source:
+        return err
+    for key, value in flags.items():
+        if value is not None and err.key_path.startswith(f"autotuning.{key}"):
+            flag = _FLAG_OF_KEY.get(key, "--" + key.replace("_", "-"))
+            return err.with_source(f"{flag} {value}")
+    return err.with_source(str(config)) if config is not None else err
 
 
 class PlanFormat(str, enum.Enum):
@@ -345,9 +438,16 @@ def _make_runner(kind: RunnerKind, ray_address: str | None, gpus_per_rank: float
     return RayRunner(address=ray_address, gpus_per_rank=gpus_per_rank)
 
 
+# DIR of report and best: run's default results directory, so that `autotune run` and then
+# `autotune report` need no path.
+_RESULTS_DIR_HELP = "A results directory (default: run's, autotuning_results)."
+
+
 @app.command()
 def report(
-    results_dir: Annotated[Path, typer.Argument(help="A results directory.")],
+    results_dir: Annotated[
+        Path | None, typer.Argument(help=_RESULTS_DIR_HELP, show_default=False)
+    ] = None,
     format: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.table,
     metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
     runs: Annotated[
@@ -359,7 +459,8 @@ def report(
     and best name the winner); --runs: every measurement by its own value."""
     from autotune.results import ResultsDir, ResultsDirError, load_results
 
-    chosen = metric or ResultsDir(results_dir).recorded_metric() or Metric.throughput
+    results_dir = results_dir or default_results_dir()
+    chosen = metric or ResultsDir(results_dir).ranked_metric()
     try:
         frame = load_results(results_dir, ranked_by=chosen, runs=runs)
     except (ResultsDirError, ValueError) as err:
@@ -369,7 +470,6 @@ def report(
     elif format is ReportFormat.json:
         typer.echo(frame.to_json(orient="records", date_format="iso", indent=2))
     else:
-        from rich.console import Console
         from rich.table import Table
 
         columns = {
@@ -405,8 +505,20 @@ def report(
                 "configurations measured once are listed after those measured again: "
                 "one lucky run is not declared best"
             )
-        # Piped output gets a wide table rather than rich's 80-column default.
-        Console(width=shutil.get_terminal_size((160, 24)).columns).print(table)
+        _report_console().print(table)
+
+
+# Wide enough for any row of the report on one line; a table takes only the width it needs.
+_PIPED_WIDTH = 1000
+
+
+def _report_console() -> Any:
+    """A terminal's own width (rich reads it, or ``COLUMNS``); anything else (a file, a
+    pipe, a test) gets every row on one line, whatever terminal the command was started
+    from, rather than rich's 80 columns that fold the table."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=_PIPED_WIDTH)
 
 
 def _cell(column: str, value: Any) -> str:
@@ -423,7 +535,9 @@ def _cell(column: str, value: Any) -> str:
 
 @app.command()
 def best(
-    results_dir: Annotated[Path, typer.Argument(help="A results directory.")],
+    results_dir: Annotated[
+        Path | None, typer.Argument(help=_RESULTS_DIR_HELP, show_default=False)
+    ] = None,
     command: Annotated[
         bool,
         typer.Option("--command", help="The command that trains the tuned script with it."),
@@ -434,6 +548,7 @@ def best(
     from autotune.results import ResultsDir
     from autotune.results.store import COMMAND_NAME, OPTIMAL_NAME
 
+    results_dir = results_dir or default_results_dir()
     results = ResultsDir(results_dir)
     path = results.optimal_path()
     if path is None:

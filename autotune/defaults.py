@@ -49,9 +49,10 @@ EARLIER_DEFAULT_RESULTS_DIR = "autotune_results"
 
 
 def default_results_dir() -> Path:
-    """Where the built-in config's results go: DeepSpeed's ``autotuning_results``, unless only
-    a run of an earlier version (``autotune_results``) is here, which keeps resuming there:
-    the default never moves under an existing run."""
+    """Where the built-in config's results go, and where ``report`` and ``best`` look:
+    DeepSpeed's ``autotuning_results``, unless only a run of an earlier version
+    (``autotune_results``) is here, which keeps resuming there: the default never moves under
+    an existing run."""
     from autotune.config import AutotuningConfig
     from autotune.results.store import FINGERPRINT_NAME
 
@@ -59,8 +60,8 @@ def default_results_dir() -> Path:
     earlier = Path(EARLIER_DEFAULT_RESULTS_DIR)
     if not default.exists() and (earlier / FINGERPRINT_NAME).exists():
         warnings.warn(
-            f"resuming {earlier}, an earlier version's default results directory (the default "
-            f"is now {default}, as DeepSpeed's; pass --results-dir to choose)",
+            f"using {earlier}, an earlier version's default results directory (the default "
+            f"is now {default}, as DeepSpeed's; name the directory to choose)",
             stacklevel=2,
         )
         return earlier

@@ -12,12 +12,22 @@ from rich.text import Text
 
 from autotune.config.sizes import format_size
 from autotune.metric import PEAK_MEMORY_LABEL
+from autotune.summary_text import not_run_label
+from autotune.tuner.candidate import Phase
 
 if TYPE_CHECKING:
     from autotune.tuner import TuningSummary
     from autotune.tuner.hardware import Hardware
     from autotune.tuner.plan import PlannedConfig
     from autotune.tuning import TuningEvent, TuningReport
+
+# What the run is doing while experiments of a phase run, for a person.
+DOING = {
+    Phase.max_micro_batch: "finding each ZeRO variant's largest micro-batch",
+    Phase.micro_batch: "comparing micro-batch sizes",
+    Phase.knobs: "tuning each ZeRO variant's knobs",
+    Phase.remeasure: "measuring the leaders again, so that no single run decides the ranking",
+}
 
 
 class Progress:
@@ -28,7 +38,9 @@ class Progress:
         self.quiet = quiet
         self.started = time.monotonic()
         self.running: list[str] = []  # "name (phase)" of each experiment in flight
+        self.phases: list[Phase] = []  # the phases of the experiments in flight
         self.run_here = 0  # experiments finished by this process (not replayed from the log)
+        self._logged_phase: Phase | None = None
         self._live: Live | None = None
 
     def __enter__(self) -> Progress:
@@ -49,6 +61,10 @@ class Progress:
         if event.kind == "resumed":
             self._log(f"resuming: {summary.num_run} experiments already finished")
         elif event.kind == "started" and event.candidate is not None:
+            phase = event.candidate.phase
+            if self.quiet and phase != self._logged_phase and phase in DOING:
+                self._log(f"now {DOING[phase]}")  # the live display has a row for it
+                self._logged_phase = phase
             if self.quiet and event.running[1:]:  # several at once: say when each starts
                 self._log(f"{event.candidate.name}: started ({len(event.running)} running)")
         elif event.kind == "finished" and event.result is not None:
@@ -61,6 +77,7 @@ class Progress:
             self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
             self.run_here += 1
         self.running = [f"{c.name} ({c.phase.value})" for c in event.running]
+        self.phases = list(dict.fromkeys(c.phase for c in event.running))
         if self._live is not None:
             self._live.update(self._status(summary))
 
@@ -71,18 +88,22 @@ class Progress:
         elapsed = time.monotonic() - self.started
         done = summary.num_run
         table = Table.grid(padding=(0, 2))
+        # The trial cap counts every experiment, re-measurements included: a bound on the run.
         table.add_row(
             "experiments",
-            f"{done} done ({summary.num_failed} failed/oom), {summary.num_pruned} not run, "
-            f"search at most {summary.search_bound}",
+            f"{done} of at most {summary.search_bound} ({summary.num_failed} failed/oom), "
+            f"{summary.num_pruned} not run",
         )
+        doing = "; ".join(DOING[phase] for phase in self.phases if phase in DOING)
+        if doing:
+            table.add_row("now", doing)
         if summary.best is not None:
             value = summary.metric.display(summary.best.value)
             table.add_row("best so far", f"{summary.best.name}  {value}")
         remaining = ""
-        if self.run_here:  # the pace of this process, not of replayed history
-            left = max(0, summary.search_bound - done) * elapsed / self.run_here
-            remaining = f", search at most ~{left:.0f} s more (plus re-measurements)"
+        left = max(0, summary.search_bound - done)
+        if self.run_here and left:  # the pace of this process, not of replayed history
+            remaining = f", at most ~{left * elapsed / self.run_here:.0f} s more at this pace"
         table.add_row("elapsed", f"{elapsed:.0f} s{remaining}")
         for index, running in enumerate(self.running):
             table.add_row("running" if index == 0 else "", running)
@@ -122,7 +143,7 @@ def not_run_lines(summary: TuningSummary) -> list[str]:
         by_reason.setdefault(why, []).append(name)
     lines = [f"not run: {summary.num_pruned}"]
     for why, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
-        shown = ", ".join(names[:NAMES_PER_REASON])
+        shown = ", ".join(not_run_label(name) for name in names[:NAMES_PER_REASON])
         more = f" and {len(names) - NAMES_PER_REASON} more" if len(names) > NAMES_PER_REASON else ""
         lines.append(f"  {len(names)} {why}: {shown}{more}")
     return lines

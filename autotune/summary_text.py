@@ -6,12 +6,29 @@ from typing import TYPE_CHECKING
 
 from autotune.config import EngineName
 from autotune.engines import label as engine_label
+from autotune.tuner.space import Variant
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from autotune.job import TuningJob
     from autotune.tuner import TuningSummary
+
+
+# A whole ZeRO variant among the configurations not run is named by its label (``z3``,
+# ``z3_ocpu``): every one it could have had.
+_VARIANT_LABELS = {Variant(stage, offload).label for stage in range(4) for offload in (False, True)}
+
+
+def not_run_label(name: str) -> str:
+    """How a configuration not run is listed: its name, or for a whole ZeRO variant its
+    label saying so (a bare ``z3`` reads as a configuration).
+
+    Example:
+        >>> not_run_label("z3"), not_run_label("z3_mbs4"), not_run_label("micro-batch >= 16")
+        ('z3 (every micro-batch)', 'z3_mbs4', 'micro-batch >= 16')
+    """
+    return f"{name} (every micro-batch)" if name in _VARIANT_LABELS else name
 
 
 def format_summary(
@@ -64,5 +81,5 @@ def format_summary(
         lines.append(f"failed: {summary.num_failed}")
         lines += [f"  {name}: {why}" for name, why in summary.failed.items()]
     lines.append(f"not run: {summary.num_pruned}")
-    lines += [f"  {name}: {why}" for name, why in summary.pruned.items()]
+    lines += [f"  {not_run_label(name)}: {why}" for name, why in summary.pruned.items()]
     return "\n".join(lines)

@@ -97,3 +97,85 @@ def test_run_exits_1_naming_the_error_when_every_experiment_fails_alike(
     assert error in result.stderr and "same error" in result.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["num_failed"] == len(ran) < 20 and error in summary["stop_reason"]
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["run", "--metric", "speed"],
+            "error: --metric speed: 'speed' is not one of 'throughput', 'latency', 'flops' "
+            "(see autotune run --help)",
+        ),
+        (
+            ["run", "--world-size", "0"],
+            "error: --world-size 0: input should be greater than or equal to 1 "
+            "(see autotune run --help)",
+        ),
+        (
+            ["run", "-n0"],
+            "error: --world-size 0: input should be greater than or equal to 1 "
+            "(see autotune run --help)",
+        ),
+        (
+            ["run", "--num-trials=many"],
+            "error: --num-trials many: input should be a valid integer, unable to parse string "
+            "as an integer (see autotune run --help)",
+        ),
+        (
+            ["report", ".", "--format", "xml"],
+            "error: --format xml: 'xml' is not one of 'table', 'csv', 'json' "
+            "(see autotune report --help)",
+        ),
+        (["validate"], "error: missing argument 'config' (see autotune validate --help)"),
+        (["rn"], "error: no such command 'rn'. Did you mean 'run'? (see autotune --help)"),
+    ],
+)
+def test_a_bad_flag_value_or_command_is_one_line_naming_it(args: list[str], line: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [line]
+
+
+def test_run_names_the_config_file_of_a_bad_key_as_validate_does(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"zero_optimization": {"stagee": 1}}')
+    validated = runner.invoke(app, ["validate", str(path)])
+    ran = runner.invoke(app, ["run", "-c", str(path), "--results-dir", str(tmp_path / "r")])
+    assert ran.exit_code == validated.exit_code == 2
+    assert (
+        ran.stderr.splitlines()
+        == validated.stderr.splitlines()
+        == [f"error: {path}: zero_optimization.stagee: unknown key; did you mean 'stage'?"]
+    )
+
+
+def test_a_flag_that_breaks_a_config_rule_is_named_instead_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "ok.json"
+    path.write_text('{"zero_optimization": {"stage": 1}}')
+    ran = runner.invoke(app, ["run", "-c", str(path), "--time-budget", "-5"])
+    assert ran.exit_code == 2
+    assert ran.stderr.splitlines() == [
+        "error: --time-budget -5.0: autotuning.time_budget_s: input should be greater than 0 "
+        "(got -5.0)"
+    ]
+
+
+def test_report_and_best_default_to_the_directory_run_defaults_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.results import ResultsDir
+    from tests.results.records import FINGERPRINT, make_result, make_spec
+
+    monkeypatch.chdir(tmp_path)
+    with ResultsDir.open("autotuning_results", FINGERPRINT) as results:
+        results.record(make_spec("z1_mbs4"), make_result("z1_mbs4", throughput=12.0))
+        optimal = results.write_optimal({"train_micro_batch_size_per_gpu": 4})
+    reported = runner.invoke(app, ["report", "-f", "json"])
+    assert reported.exit_code == 0, reported.output
+    assert [row["name"] for row in json.loads(reported.stdout)] == ["z1_mbs4"]
+    best = runner.invoke(app, ["best"])
+    assert best.exit_code == 0 and best.stdout.strip() == str(optimal)
+    # The example config tunes into the same directory.
+    example = Path(__file__).parents[1] / "configs" / "autotune_gpt.json"
+    assert json.loads(example.read_text())["autotuning"]["results_dir"] == "autotuning_results"

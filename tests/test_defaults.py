@@ -103,7 +103,7 @@ def test_a_run_an_earlier_version_left_in_its_default_directory_keeps_resuming_t
     earlier = tmp_path / EARLIER_DEFAULT_RESULTS_DIR
     earlier.mkdir()
     (earlier / "fingerprint.json").write_text(json.dumps(fingerprint))
-    with pytest.warns(UserWarning, match="resuming autotune_results, an earlier version's"):
+    with pytest.warns(UserWarning, match="using autotune_results, an earlier version's"):
         job = _job_of(monkeypatch)
     assert job.results_path == Path(EARLIER_DEFAULT_RESULTS_DIR)
     # A user's config always went to DeepSpeed's default, and still does.

@@ -1,4 +1,5 @@
-"""Progress while several experiments run: each running one is shown."""
+"""What a person sees while tuning: each running experiment, what the run is doing, how many
+experiments at most, and which configurations were not run."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.display import Progress
+from autotune.config import Metric
+from autotune.display import Progress, not_run_lines
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.tuner import TuningSummary
+from autotune.tuner.candidate import Phase
 from autotune.tuning import TuningEvent, tune
 from tests.fake_cluster import FakeCluster
-from tests.runner.sim_cluster import tuning_job
+from tests.runner.sim_cluster import config_metrics, tuning_job
 
 
 def test_every_running_experiment_is_shown(tmp_path: Path) -> None:
@@ -32,3 +37,60 @@ def test_every_running_experiment_is_shown(tmp_path: Path) -> None:
         line for line in rendered.getvalue().splitlines() if re.search(r"_mbs\S* \(\w+\)", line)
     ]
     assert len(shown) == 3 and shown[0].lstrip().startswith("running")
+
+
+class Measured:
+    """Every configuration measures as :func:`config_metrics` says."""
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        return ExperimentResult(spec.name, Status.ok, config_metrics(spec))
+
+
+def test_the_status_says_what_the_run_is_doing_and_bounds_every_experiment(
+    tmp_path: Path,
+) -> None:
+    progress = Progress(Console(file=io.StringIO(), width=200), quiet=True)
+    shown: dict[Phase, str] = {}
+
+    def watch(event: TuningEvent) -> None:
+        progress(event)
+        if event.kind == "started" and event.candidate is not None:
+            rendered = io.StringIO()
+            Console(file=rendered, width=200).print(progress._status(event.summary))
+            shown.setdefault(event.candidate.phase, rendered.getvalue())
+
+    summary = tune(tuning_job(tmp_path), Measured(), on_event=watch).summary
+    assert Phase.remeasure in shown and Phase.max_micro_batch in shown
+    remeasuring = shown[Phase.remeasure]
+    assert re.search(r"now\s+measuring the leaders again", remeasuring), remeasuring
+    assert re.search(rf"experiments\s+\d+ of at most {summary.search_bound} ", remeasuring)
+    assert "plus re-measurements" not in remeasuring
+    assert re.search(
+        r"now\s+finding each ZeRO variant's largest micro-batch", shown[Phase.max_micro_batch]
+    )
+    # Quiet mode logs the same, once per phase.
+    log = progress.console.file.getvalue()  # type: ignore[attr-defined]
+    assert log.count("now measuring the leaders again") == 1
+
+
+def test_a_zero_variant_not_run_is_named_as_the_whole_variant() -> None:
+    summary = TuningSummary(
+        metric=Metric.throughput,
+        ranking=(),
+        best=None,
+        best_overrides={},
+        best_per_variant={},
+        top_two_within_noise=None,
+        num_run=0,
+        num_failed=0,
+        pruned={
+            "z3": "not reached: the search ended first",
+            "z3_mbs4": "not reached: the search ended first",
+            "z2_ocpu": "pruned by the memory estimate",
+        },
+    )
+    assert not_run_lines(summary) == [
+        "not run: 3",
+        "  2 not reached: the search ended first: z3 (every micro-batch), z3_mbs4",
+        "  1 pruned by the memory estimate: z2_ocpu (every micro-batch)",
+    ]

@@ -19,7 +19,6 @@ names the last complete one.
 from __future__ import annotations
 
 import uuid
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,9 +112,8 @@ def load(
     if tag is None:
         latest = Path(load_dir) / LATEST
         if not latest.is_file():
-            warnings.warn(
-                f"no checkpoint to load: {latest} does not exist", RuntimeWarning, stacklevel=3
-            )
+            # A fresh start, which scripts meet on every first run: said by the return value,
+            # never a warning from every rank (a tag asked for by name and missing raises).
             return None, None
         tag = latest.read_text(encoding="utf-8").strip()
     folder = Path(load_dir) / tag

@@ -8,6 +8,7 @@ from autotune.results.frame import load_results
 from autotune.results.lock import DirectoryLock, ResultsLockedError
 from autotune.results.plots import (
     best_so_far,
+    metric_vs_memory,
     metric_vs_micro_batch,
     pareto_front,
     throughput_vs_memory,
@@ -24,6 +25,7 @@ __all__ = [
     "atomic_write_text",
     "best_so_far",
     "load_results",
+    "metric_vs_memory",
     "metric_vs_micro_batch",
     "pareto_front",
     "read_jsonl",

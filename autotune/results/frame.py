@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,10 +12,11 @@ from autotune.config import SEARCHABLE_KEYS
 from autotune.config.keys import get_key
 from autotune.experiment import ExperimentResult, Status, Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
+from autotune.profiling.interference import is_disturbed
 from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError
 from autotune.script_target import ScriptTarget
 from autotune.tuner.naming import split_repeat
-from autotune.tuner.ranking import ranking
+from autotune.tuner.ranking import Ranked, ranking
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -37,11 +39,12 @@ def load_results(
 
     Without ``ranked_by``: one row per experiment (re-measurements included), in the order
     they finished. With ``ranked_by`` a metric: the run's one ranking, as ``autotune report``
-    and ``summary.txt`` show it: one row per configuration, repeats folded (each metric the
-    median over its ok runs, ``runs`` how many, ``spread`` their spread), in the order the
-    tuner declares them (:func:`autotune.tuner.ranking.ranking`), then the configurations
-    that never ran ok. With ``runs=True`` as well, every experiment ranked by its own
-    measurement instead.
+    and ``summary.txt`` show it: one row per configuration, repeats folded over the runs the
+    ranking counts (its undisturbed ones where it has any: the ranked metric is the ranking's
+    own value, every other metric the median over the same runs, ``runs`` how many,
+    ``spread`` their spread; see :func:`fold_runs`), in the order the tuner declares them
+    (:func:`autotune.tuner.ranking.ranking`), then the configurations that never ran ok. With
+    ``runs=True`` as well, every experiment ranked by its own measurement instead.
 
     Columns: ``name``, ``status``, ``zero_stage``, ``micro_batch_size``,
     ``gradient_accumulation_steps``, ``train_batch_size``, one column per
@@ -51,10 +54,11 @@ def load_results(
     rank ran: with ``started_at`` and ``duration_s``, which experiments overlapped where),
     ``repeat_of``, ``target`` (what ran: the workload, e.g. ``gpt``, or the script, e.g.
     ``train.py``), ``oversubscription`` (how far other processes oversubscribed the ranks'
-    cores during the window, 0 for none), plus every tuned knob flattened under its dotted key
-    (``zero_optimization.reduce_bucket_size``, ...); ranked by configuration, also ``runs``
-    (the measurements it ranks on: the undisturbed ones where it has any), ``spread`` (over
-    those, of the ranked metric) and ``disturbed_runs``.
+    cores during the window, 0 for none), ``disturbed`` (measured while they did; by
+    configuration: ranked on such measurements alone, having no other), plus every tuned knob
+    flattened under its dotted key (``zero_optimization.reduce_bucket_size``, ...); ranked by
+    configuration, also ``runs`` (the measurements it ranks on: the undisturbed ones where it
+    has any), ``spread`` (over those, of the ranked metric) and ``disturbed_runs``.
 
     Raises:
         ResultsDirError: ``path`` is not a results directory.
@@ -92,20 +96,14 @@ def _configuration_rows(
     records: list[dict[str, Any]], metric: Metric, job_target: str | None
 ) -> list[dict[str, Any]]:
     """One row per configuration in the run's ranking, then those that never ran ok: the
-    original's record, its metrics folded over its ok runs (medians; peak memory the
-    largest, as the ranking counts it)."""
+    original's record, its metrics folded over the runs the ranking counts (see
+    :func:`fold_runs`)."""
     by_name = {record["name"]: record for record in records}
-    ok_runs: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        if record.get("status") == Status.ok.value and record.get("metrics"):
-            ok_runs.setdefault(split_repeat(record["name"])[0], []).append(record["metrics"])
     rows = []
     for ranked in ranking((ExperimentResult.from_dict(r) for r in records), metric):
-        row = _row(by_name[ranked.name], job_target)
+        row = _row(by_name.get(ranked.name) or by_name[ranked.runs[0]], job_target)
         row["name"], row["status"] = ranked.name, Status.ok.value
-        for each in Metric:
-            row[each.value] = statistics.median(each.of(m) for m in ok_runs[ranked.name])
-        row[PEAK_MEMORY_COLUMN] = ranked.peak_memory_bytes
+        row.update(fold_runs(ranked, metric, {run: by_name[run]["metrics"] for run in ranked.runs}))
         rows.append(
             {
                 **row,
@@ -114,12 +112,51 @@ def _configuration_rows(
                 "disturbed_runs": ranked.num_disturbed,
             }
         )
+    ranked_names = {row["name"] for row in rows}
     for name, record in by_name.items():
-        if split_repeat(name)[1] == 0 and name not in ok_runs:
+        if split_repeat(name)[1] == 0 and name not in ranked_names:
             rows.append(
                 {**_row(record, job_target), "runs": 0, "spread": None, "disturbed_runs": 0}
             )
     return rows
+
+
+def fold_runs(
+    ranked: Ranked, metric: Metric, measured: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A configuration's columns over the runs its ranking counts (``ranked.runs``: the
+    undisturbed ones where it has any), so that a table shows for it what the ranking,
+    ``summary.txt`` and ``best`` decided on: ``metric`` is the ranking's own value, every other
+    metric (and ``latency_spread``, ``oversubscription``) the median over those runs, peak
+    memory the largest of all its runs, as the ranking counts it. ``measured``: each run's
+    metrics by its name (a log record's ``metrics``, or a row of :func:`load_results`).
+
+    Example:
+        >>> from autotune.tuner.ranking import Measurement, rank_measurements
+        >>> runs = {"a": {"throughput": 10.0, "latency": 0.8}, "a_r1": {"throughput": 4.0,
+        ...         "latency": 2.0}, "a_r2": {"throughput": 12.0, "latency": 0.67}}
+        >>> ranked = rank_measurements([Measurement("a", 10.0, 0, run="a"),
+        ...     Measurement("a", 4.0, 0, disturbed=True, run="a_r1"),
+        ...     Measurement("a", 12.0, 0, run="a_r2")], Metric.throughput)[0]
+        >>> folded = fold_runs(ranked, Metric.throughput, runs)
+        >>> folded["throughput"], round(folded["latency"], 3), folded["disturbed"]
+        (11.0, 0.735, False)
+    """
+    folded: dict[str, Any] = {}
+    for column in METRIC_COLUMNS:
+        values = [
+            float(m[column]) for m in (measured[run] for run in ranked.runs) if _number(m, column)
+        ]
+        folded[column] = statistics.median(values) if values else None
+    folded[metric.value] = ranked.value
+    folded[PEAK_MEMORY_COLUMN] = ranked.peak_memory_bytes
+    folded["disturbed"] = ranked.disturbed
+    return folded
+
+
+def _number(measured: Mapping[str, Any], column: str) -> bool:
+    value = measured.get(column)
+    return value is not None and value == value  # NaN: a frame's missing value
 
 
 def _job_target(directory: Path) -> str | None:
@@ -149,6 +186,7 @@ def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any
         "gradient_accumulation_steps": config.get("gradient_accumulation_steps"),
         "train_batch_size": config.get("train_batch_size"),
         **{column: metrics.get(column) for column in METRIC_COLUMNS},
+        "disturbed": is_disturbed(metrics.get("oversubscription")),
         "error": record.get("error"),
         "started_at": record.get("started_at"),
         "duration_s": timings.get("total_s"),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL, Metric
+from autotune.results.frame import fold_runs
+from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Measurement, declared_order, rank_measurements
 
 if TYPE_CHECKING:
@@ -24,19 +27,34 @@ def _axes(ax: Axes | None) -> Axes:
     return new_ax
 
 
-def _ok(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration that ran ok: repeats folded into the median of each metric."""
+def _ok(frame: pd.DataFrame, metric: Metric = Metric.throughput) -> pd.DataFrame:
+    """One row per configuration that ran ok, its repeats folded as the run's ranking folds
+    them (over its undisturbed runs where it has any; see
+    :func:`autotune.results.frame.fold_runs`), in the ranking's order by ``metric``."""
+    import pandas as pd
+
     ok = frame[frame["status"] == "ok"]
-    if "repeat_of" not in ok.columns:
-        return ok
-    config = ok["repeat_of"].fillna(ok["name"])
-    # Medians of the speed metrics; the largest peak memory, as the ranking reports it.
-    folded = ok.groupby(config).agg(
-        {m.value: "median" for m in Metric} | {PEAK_MEMORY_COLUMN: "max"}
-    )
-    originals = ok[ok["name"].isin(folded.index)].set_index("name")
-    originals[list(folded.columns)] = folded.loc[originals.index]
-    return originals.reset_index()
+    runs = {str(row["name"]): row for row in ok.to_dict("records")}
+    rows = []
+    for ranked in declared_order(rank_measurements(_measurements(runs.values(), metric), metric)):
+        row = dict(runs.get(ranked.name) or runs[ranked.runs[0]])
+        rows.append({**row, "name": ranked.name, **fold_runs(ranked, metric, runs)})
+    return pd.DataFrame(rows, columns=list(ok.columns))
+
+
+def _measurements(rows: Iterable[Mapping[str, Any]], metric: Metric) -> list[Measurement]:
+    """The ok rows of a :func:`load_results` frame as the ranking's measurements."""
+    return [
+        Measurement(
+            split_repeat(str(row["name"]))[0],
+            float(row[metric.value]),
+            int(row[PEAK_MEMORY_COLUMN]),
+            bool(row.get("disturbed", False)),
+            str(row["name"]),
+        )
+        for row in rows
+        if row["status"] == "ok"
+    ]
 
 
 def metric_vs_micro_batch(
@@ -45,7 +63,7 @@ def metric_vs_micro_batch(
     """One line per ZeRO stage: the metric against the micro-batch size (best knobs each)."""
     metric = Metric(metric)
     ax = _axes(ax)
-    ok = _ok(frame)
+    ok = _ok(frame, metric)
     for stage, group in ok.groupby("zero_stage"):
         points = group.groupby("micro_batch_size")[metric.value].agg(metric.best).sort_index()
         ax.plot(points.index, points.values, marker="o", label=f"ZeRO {stage}")
@@ -73,17 +91,8 @@ def best_so_far(
     numbers = list(range(1, len(frame) + 1))
     measured: list[Measurement] = []
     declared: list[float] = []
-    for name, repeat_of, value, peak, is_ok in zip(
-        frame["name"],
-        frame.get("repeat_of", frame["name"]),
-        frame[metric.value],
-        frame[PEAK_MEMORY_COLUMN],
-        ok,
-        strict=True,
-    ):
-        if is_ok:
-            config = repeat_of if isinstance(repeat_of, str) else name
-            measured.append(Measurement(config, float(value), int(peak)))
+    for row in frame.to_dict("records"):
+        measured += _measurements([row], metric)
         best = declared_order(rank_measurements(measured, metric))
         declared.append(best[0].value if best else float("nan"))
     if ok.any():
@@ -105,30 +114,37 @@ def _mark_failures(ax: Axes, frame: pd.DataFrame, xs: list[Any], floor: float) -
             ax.scatter(failed, [floor] * len(failed), marker=marker, color="red", label=status)
 
 
-def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
-    """The ok experiments no other beats on both throughput (higher) and memory (lower)."""
-    throughput = Metric.throughput.value
-    ok = _ok(frame).sort_values([PEAK_MEMORY_COLUMN, throughput], ascending=[True, False])
+def pareto_front(frame: pd.DataFrame, metric: Metric | str = Metric.throughput) -> pd.DataFrame:
+    """The configurations that ran ok that no other beats on both ``metric`` (in its
+    direction: latency lower) and peak memory (lower), repeats folded as the ranking folds
+    them."""
+    metric = Metric(metric)
+    ok = _ok(frame, metric)
+    ok = ok.assign(_score=[metric.score(v) for v in ok[metric.value]])
+    ok = ok.sort_values([PEAK_MEMORY_COLUMN, "_score"], ascending=[True, False])
     front: list[Any] = []
     best = float("-inf")
-    for index, row in ok.iterrows():
-        if row[throughput] > best:
+    for index, score in ok["_score"].items():
+        if score > best:
             front.append(index)
-            best = row[throughput]
-    return ok.loc[front]
+            best = score
+    return ok.loc[front].drop(columns="_score")
 
 
-def throughput_vs_memory(frame: pd.DataFrame, ax: Axes | None = None) -> Axes:
-    """Throughput against peak memory per rank, the Pareto front marked."""
+def metric_vs_memory(
+    frame: pd.DataFrame, metric: Metric | str = Metric.throughput, ax: Axes | None = None
+) -> Axes:
+    """``metric`` against peak memory per rank, one colour per ZeRO stage, the Pareto front
+    (:func:`pareto_front`) marked."""
+    metric = Metric(metric)
     ax = _axes(ax)
-    ok = _ok(frame)
-    throughput = Metric.throughput
+    ok = _ok(frame, metric)
     for stage, group in ok.groupby("zero_stage"):
-        ax.scatter(group[PEAK_MEMORY_COLUMN] / GIB, group[throughput.value], label=f"ZeRO {stage}")
-    front = pareto_front(frame)
+        ax.scatter(group[PEAK_MEMORY_COLUMN] / GIB, group[metric.value], label=f"ZeRO {stage}")
+    front = pareto_front(frame, metric)
     ax.plot(
         front[PEAK_MEMORY_COLUMN] / GIB,
-        front[throughput.value],
+        front[metric.value],
         color="black",
         linestyle="--",
         marker="*",
@@ -136,7 +152,7 @@ def throughput_vs_memory(frame: pd.DataFrame, ax: Axes | None = None) -> Axes:
         label="Pareto front",
     )
     ax.set_xlabel(MEMORY_AXIS_LABEL)
-    ax.set_ylabel(throughput.label)
+    ax.set_ylabel(metric.label)
     if ok.empty:  # nothing measured memory: say what happened instead of empty axes
         counts = frame["status"].value_counts()
         said = ", ".join(f"{count} {status}" for status, count in counts.items())
@@ -149,6 +165,12 @@ def throughput_vs_memory(frame: pd.DataFrame, ax: Axes | None = None) -> Axes:
         )
         ax.set_title("no experiment ran ok")
         return ax
-    ax.set_title("throughput vs memory")
+    ax.set_title(f"{metric.value} vs memory")
     ax.legend()
     return ax
+
+
+def throughput_vs_memory(frame: pd.DataFrame, ax: Axes | None = None) -> Axes:
+    """Throughput against peak memory per rank, the Pareto front marked
+    (:func:`metric_vs_memory` by throughput)."""
+    return metric_vs_memory(frame, Metric.throughput, ax)

@@ -265,6 +265,11 @@ class ResultsDir:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def ranked_metric(self) -> Metric:
+        """What the run here ranks by, as ``autotune report`` and the notebook show it: the
+        recorded metric, throughput (DeepSpeed's default) before any run finished."""
+        return self.recorded_metric() or Metric.throughput
+
     # --- outputs -----------------------------------------------------------------------------
 
     def optimal_path(self) -> Path | None:

@@ -48,6 +48,8 @@ class Ranked:
         num_disturbed: its measurements taken while other processes competed for the cores.
         disturbed: whether it ranks on disturbed measurements, having no other (its value is
             then too low a guess of what it measures on a quiet machine).
+        runs: the experiments ``values`` were measured in, in the same order: what a table
+            folds its other columns over, so that they describe the same runs.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Ranked:
     peak_memory_bytes: int
     num_disturbed: int = 0
     disturbed: bool = False
+    runs: tuple[str, ...] = ()
 
     @property
     def num_undisturbed(self) -> int:
@@ -79,6 +82,7 @@ class Ranked:
             "peak_memory_bytes": self.peak_memory_bytes,
             "num_disturbed": self.num_disturbed,
             "disturbed": self.disturbed,
+            "runs": list(self.runs),
         }
 
 
@@ -91,12 +95,14 @@ class Measurement:
         value: the metric measured.
         peak_memory_bytes: the peak memory per rank measured.
         disturbed: taken while other processes competed for the ranks' cores.
+        run: the experiment that measured it (``z2_mbs4_r1``).
     """
 
     config: str
     value: float
     peak_memory_bytes: int
     disturbed: bool = False
+    run: str = ""
 
 
 def measurements(results: Iterable[ExperimentResult], metric: Metric) -> list[Measurement]:
@@ -107,6 +113,7 @@ def measurements(results: Iterable[ExperimentResult], metric: Metric) -> list[Me
             metric.of(r.metrics),
             r.metrics.peak_memory_bytes,
             r.metrics.disturbed,
+            r.name,
         )
         for r in results
         if r.ok and r.metrics is not None
@@ -137,6 +144,7 @@ def rank_measurements(measured: Iterable[Measurement], metric: Metric) -> list[R
                 peak_memory_bytes=max(m.peak_memory_bytes for m in group),
                 num_disturbed=sum(1 for m in group if m.disturbed),
                 disturbed=all(m.disturbed for m in used),
+                runs=tuple(m.run for m in used),
             )
         )
     ranked.sort(key=lambda r: (-metric.score(r.value), r.peak_memory_bytes, r.name))

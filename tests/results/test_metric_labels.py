@@ -55,3 +55,16 @@ def test_the_plots_label_their_axes_with_the_metrics_label(
         MEMORY_AXIS_LABEL,
         Metric.throughput.label,
     )
+
+
+def test_the_report_piped_is_the_same_table_whatever_the_terminals_width(
+    filled: ResultsDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # COLUMNS is the terminal's width, exported by some shells: a table written to a pipe or
+    # a file (CliRunner's output is not a terminal) keeps every row on one line regardless.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    wide = CliRunner().invoke(app, ["report", str(filled.path)]).stdout
+    for columns in ("40", "80", "120"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert CliRunner().invoke(app, ["report", str(filled.path)]).stdout == wide
+    assert Metric.throughput.label in wide and PEAK_MEMORY_LABEL in wide
