@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from autotune.bench.simulated import MODELS, simulated_landscape
+from autotune.bench.stats import spearman
 from autotune.bench.table import TableRunner, landscape_job, measured_configs, replay
 from autotune.job import experiment_spec
 from autotune.profiling.model_info import ModelInfo
@@ -56,35 +56,6 @@ PUBLISHED = {
     },
 }
 DROPOUT = {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}  # GPT2's own
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Spearman's rank correlation (ties share their mean rank).
-
-    Example:
-        >>> spearman([1, 2, 3, 4], [10, 20, 30, 25])
-        0.8
-    """
-
-    def ranks(values: Sequence[float]) -> list[float]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        result = [0.0] * len(values)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                result[order[k]] = (i + j) / 2
-            i = j + 1
-        return result
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (sx * sy) if sx and sy else 0.0
 
 
 def leave_out(table: Mapping[str, Any], k: int, seed: int) -> dict[str, float]:

@@ -251,8 +251,10 @@ class ModelSearch:
             self._fitted = (count, fit(self._observations(), self.prior))
         return self._fitted[1]
 
-    def _observations(self) -> list[Observation]:
-        observations = []
+    def _measurements(self) -> list[tuple[str, Entry, float, float]]:
+        """Every step time measured ok of a configuration the search knows: its name, its
+        entry, the seconds per step and how much to trust it (1: a quiet, whole window)."""
+        measurements = []
         for name, result in self._ledger.results.items():
             base = split_repeat(name)[0]
             entry = self._ledger.entries.get(base)
@@ -261,16 +263,20 @@ class ModelSearch:
             scale = DISTURBED_NOISE_SCALE if result.metrics.disturbed else 1.0
             if result.stopped_after_steps is not None:
                 scale *= STOPPED_NOISE_SCALE
-            observations.append(
-                Observation(
-                    tuple(self._counts(entry)),
-                    result.metrics.latency,
-                    config=base,
-                    variant=entry.variant.label,
-                    noise_scale=scale,
-                )
+            measurements.append((base, entry, result.metrics.latency, scale))
+        return measurements
+
+    def _observations(self) -> list[Observation]:
+        return [
+            Observation(
+                tuple(self._counts(entry)),
+                latency,
+                config=base,
+                variant=entry.variant.label,
+                noise_scale=scale,
             )
-        return observations
+            for base, entry, latency, scale in self._measurements()
+        ]
 
     def _counts(self, entry: Entry) -> list[float]:
         assert self._model is not None
@@ -569,13 +575,8 @@ class ModelSearch:
         against the model, and that mean's noise variance."""
         groups: dict[str, list[tuple[float, float]]] = {}
         entries: dict[str, Entry] = {}
-        for name, result in self._ledger.results.items():
-            base = split_repeat(name)[0]
-            entry = self._ledger.entries.get(base)
-            if entry is None or not result.ok or result.metrics is None:
-                continue
-            scale = DISTURBED_NOISE_SCALE if result.metrics.disturbed else 1.0
-            groups.setdefault(base, []).append((math.log(result.metrics.latency), scale))
+        for base, entry, latency, scale in self._measurements():
+            groups.setdefault(base, []).append((math.log(latency), scale))
             entries[base] = entry
         if not groups:
             return []
