@@ -312,7 +312,7 @@ def print_replay(results: Mapping[str, Mapping[str, Any]]) -> None:
 
 
 def markdown_replay(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """The replay as the README's table: one row per landscape, tuners side by side."""
+    """The replay as the table in docs/benchmarks.md: one row per landscape, tuners side by side."""
 
     def reach(row: Mapping[str, Any]) -> str:
         def cell(value: float | None) -> str:

@@ -1,5 +1,5 @@
 """The layers: the pure parts import without torch, Ray or the engine, and no module of
-autotune imports itself through others (the README's layout)."""
+autotune imports itself through others (the layout in docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Unknown top-level keys are kept and warned about once; a near-miss of a section name, and an
 unknown key inside a typed section, are errors naming the key. Every shipped config and every
-config in the README loads.
+config shown in the README or a docs page loads.
 """
 
 from __future__ import annotations
@@ -180,10 +180,14 @@ def _shipped_configs() -> list[Path]:
     return sorted((ROOT / "configs").glob("*.json"))
 
 
-def _readme_configs() -> list[dict[str, Any]]:
-    """Every ```json block of the README."""
-    text = (ROOT / "README.md").read_text()
-    return [json.loads(block) for block in re.findall(r"```json\n(.*?)```", text, re.S)]
+def _documented_configs() -> list[tuple[str, dict[str, Any]]]:
+    """Every ```json block of the README and of the docs pages, with the file it is in."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [
+        (str(page.relative_to(ROOT)), json.loads(block))
+        for page in pages
+        for block in re.findall(r"```json\n(.*?)```", page.read_text(), re.S)
+    ]
 
 
 @pytest.mark.parametrize("path", _shipped_configs(), ids=lambda p: p.name)
@@ -194,7 +198,10 @@ def test_every_shipped_config_loads(path: Path) -> None:
 
 
 def test_every_readme_config_loads() -> None:
-    blocks = _readme_configs()
-    assert blocks, "the README shows at least one config"
-    for block in blocks:
-        load_config(block, world_size=2)
+    blocks = _documented_configs()
+    assert blocks, "the README and the docs show at least one config"
+    for page, block in blocks:
+        try:
+            load_config(block, world_size=2)
+        except ConfigError as e:
+            raise AssertionError(f"a config in {page} does not load: {e}") from e

@@ -1,4 +1,4 @@
-"""Which directory the analysis notebook reads: ``AUTOTUNE_RESULTS_DIR`` as the README says,
+"""Which directory the analysis notebook reads: ``AUTOTUNE_RESULTS_DIR`` as docs/results.md says,
 absolute or relative to where Jupyter was started, though its kernel runs in experiments/."""
 
 from __future__ import annotations

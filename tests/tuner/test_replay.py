@@ -112,7 +112,7 @@ def test_every_tuner_ends_in_the_top_region(path: Path) -> None:
     # Each landscape's median configuration is worth at most 0.83 of its best; a tuner that
     # searched the wrong stage, kept a too-small micro-batch or declared a lucky measurement
     # best ends near it. Which of the top few is best is within one measurement's noise (see
-    # the README), so this asks for the top region, not the top one.
+    # docs/benchmarks.md), so this asks for the top region, not the top one.
     table = json.loads(path.read_text())
     for tuner_type in ("gridsearch", "random", "model_based"):
         finals = [replay(table, tuner_type, s) for s in REPLAY_SEEDS]
