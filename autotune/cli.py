@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import enum
 import json
 import sys
@@ -11,7 +10,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -19,13 +18,16 @@ from typer.core import TyperGroup
 from autotune.config import ConfigError, EngineName, Metric, TunerType
 from autotune.config.sizes import format_size
 from autotune.defaults import (
-    DEFAULT_CONFIG,
     DEFAULT_CPUS_PER_RANK,
     DEFAULT_WORKLOAD,
     DEFAULT_WORLD_SIZE,
     default_results_dir,
 )
 from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL
+
+if TYPE_CHECKING:
+    from autotune.api import RunRequest
+    from autotune.script_target import ScriptTarget
 
 # Typer's usage errors, whether it uses click or, as recent versions do, its own copy of it.
 _UsageError: type[Exception] = next(
@@ -148,20 +150,64 @@ class RunnerKind(str, enum.Enum):
     local = "local"
 
 
+# run's options that take more than a line to say
+_ScriptArgument = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="After `--`: a training script and its arguments (or -m module ...), tuned "
+        "instead of a workload; its config comes from -c or its --deepspeed_config / "
+        "--deepspeed argument.",
+        show_default=False,
+    ),
+]
+_ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="DeepSpeed config; default: built-in.")
+]
+_WorkloadArgOption = Annotated[
+    list[str] | None,
+    typer.Option("--workload-arg", "-a", help="key=value for the workload (repeatable)."),
+]
+_EngineOption = Annotated[
+    EngineName | None,
+    typer.Option(
+        case_sensitive=False,
+        help="What measures each experiment: builtin (autotune's engine) or deepspeed "
+        "(the installed DeepSpeed's own).",
+    ),
+]
+_DeviceMemoryOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Per-rank memory budget, e.g. 16GiB (CPU default: 512MiB; with --engine "
+        "deepspeed the host's RAM shared among the ranks)."
+    ),
+]
+_TimeBudgetOption = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds for the whole run, from now: nothing starts that would end past "
+        "it, and the best is measured again within it.",
+    ),
+]
+_GpusPerRankOption = Annotated[
+    float | None,
+    typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
+]
+_MaxConcurrentOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Ray: experiments at once (default: as many as fit on the cluster's GPUs; "
+        "1 without GPUs).",
+    ),
+]
+
+
 @app.command()
 def run(
-    script: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="After `--`: a training script and its arguments (or -m module ...), tuned "
-            "instead of a workload; its config comes from -c or its --deepspeed_config / "
-            "--deepspeed argument.",
-            show_default=False,
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="DeepSpeed config; default: built-in.")
-    ] = None,
+    ctx: typer.Context,
+    script: _ScriptArgument = None,
+    config: _ConfigOption = None,
     workload: Annotated[
         str,
         typer.Option(
@@ -169,29 +215,13 @@ def run(
             "or package.module:function."
         ),
     ] = DEFAULT_WORKLOAD,
-    workload_arg: Annotated[
-        list[str] | None,
-        typer.Option("--workload-arg", "-a", help="key=value for the workload (repeatable)."),
-    ] = None,
+    workload_arg: _WorkloadArgOption = None,
     metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
     tuner: Annotated[TunerType | None, typer.Option(case_sensitive=False)] = None,
-    engine: Annotated[
-        EngineName | None,
-        typer.Option(
-            case_sensitive=False,
-            help="What measures each experiment: builtin (autotune's engine) or deepspeed "
-            "(the installed DeepSpeed's own).",
-        ),
-    ] = None,
+    engine: _EngineOption = None,
     world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = DEFAULT_WORLD_SIZE,
     results_dir: Annotated[Path | None, typer.Option(help="Where results live.")] = None,
-    device_memory: Annotated[
-        str | None,
-        typer.Option(
-            help="Per-rank memory budget, e.g. 16GiB (CPU default: 512MiB; with --engine "
-            "deepspeed the host's RAM shared among the ranks)."
-        ),
-    ] = None,
+    device_memory: _DeviceMemoryOption = None,
     fast: Annotated[
         bool | None, typer.Option("--fast/--no-fast", help="Only stages and micro-batch.")
     ] = None,
@@ -200,13 +230,7 @@ def run(
     start_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
     end_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
     timeout: Annotated[float | None, typer.Option(min=1, help="Seconds per experiment.")] = None,
-    time_budget: Annotated[
-        float | None,
-        typer.Option(
-            help="Seconds for the whole run, from now: nothing starts that would end past "
-            "it, and the best is measured again within it.",
-        ),
-    ] = None,
+    time_budget: _TimeBudgetOption = None,
     overwrite: Annotated[bool, typer.Option(help="Discard earlier results.")] = False,
     ray_address: Annotated[
         str | None, typer.Option(envvar="RAY_ADDRESS", help="An existing Ray cluster.")
@@ -215,18 +239,8 @@ def run(
         RunnerKind, typer.Option(case_sensitive=False, help="ray: warm actors; local: fresh.")
     ] = RunnerKind.ray,
     cpus_per_rank: Annotated[int, typer.Option(min=1)] = DEFAULT_CPUS_PER_RANK,
-    gpus_per_rank: Annotated[
-        float | None,
-        typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
-    ] = None,
-    max_concurrent: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Ray: experiments at once (default: as many as fit on the cluster's GPUs; "
-            "1 without GPUs).",
-        ),
-    ] = None,
+    gpus_per_rank: _GpusPerRankOption = None,
+    max_concurrent: _MaxConcurrentOption = None,
     seed: Annotated[int | None, typer.Option()] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Log lines, no live display.")
@@ -239,93 +253,39 @@ def run(
     started_s = time.monotonic()  # autotuning.time_budget_s counts the cluster's start too
     from rich.console import Console
 
-    from autotune.config import load_config, parse_size, read_json, set_key
+    from autotune.api import RunRequest, make_job
     from autotune.display import Progress, print_report
-    from autotune.engines import DeepSpeedUnavailable
-    from autotune.job import TuningJob, check_job
-    from autotune.results import ResultsDirError, ResultsLockedError
-    from autotune.script_target import ScriptError, ScriptTarget
     from autotune.tuning import tune
-    from autotune.workloads import WorkloadError, parse_workload_args
 
-    try:
-        target = ScriptTarget.from_command(script) if script else None
-    except ScriptError as err:
-        raise fail(str(err)) from None
-    if target is not None and config is None:
-        found = target.config_path()
-        if found is None:
-            raise fail(
-                "script mode needs a config: pass -c CONFIG, or --deepspeed_config / --deepspeed "
-                "in the script's arguments"
-            )
-        config = Path(found)
-    if config is None and results_dir is None:  # the built-in config
-        results_dir = default_results_dir()
-    flags = {
-        "metric": metric.value if metric else None,
-        "tuner_type": tuner.value if tuner else None,
-        "engine": engine.value if engine else None,
-        "fast": fast,
-        "tuner_num_trials": num_trials,
-        "tuner_early_stopping": early_stopping,
-        "start_profile_step": start_profile_step,
-        "end_profile_step": end_profile_step,
-        "timeout_s": timeout,
-        "time_budget_s": time_budget,
-        "seed": seed,
-        "results_dir": str(results_dir) if results_dir else None,
-    }
-    try:
-        spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
-        for key, value in flags.items():  # flags override the config's autotuning section
-            if value is not None:
-                set_key(spec, f"autotuning.{key}", value)
-        cfg = load_config(spec, world_size=world_size)
-    except ConfigError as err:
-        raise fail(str(_attributed(err, config, flags))) from None
-    try:
-        budget = parse_size(device_memory) if device_memory is not None else None
-    except ValueError as err:
-        raise fail(f"--device-memory: {err}") from None
-    try:
-        args = parse_workload_args(workload_arg or [])
-    except WorkloadError as err:
-        raise fail(str(err)) from None
-
-    if target is not None:  # arg mappings live in the config, which is known only now
-        target = ScriptTarget.from_command(script or [], cfg.autotuning.arg_mappings)
-    job = TuningJob(
-        config=cfg,
+    request = RunRequest(
+        config=config,
+        autotuning={key: ctx.params[_param(flag)] for flag, key in _AUTOTUNING_FLAGS.items()},
+        world_size=world_size,
         workload=workload,
-        workload_args=args,
-        device_memory_bytes=budget,
-        overwrite=overwrite or cfg.autotuning.overwrite,
+        workload_args=workload_arg or [],
+        device_memory=device_memory,
+        script=script,
+        overwrite=overwrite,
         cpus_per_rank=cpus_per_rank,
-        script=target,
         started_s=started_s,
+        names=_RUN_NAMES,
     )
-    try:
-        check_job(job)  # before Ray starts: a bad workload or directory is known at once
-    except (WorkloadError, ResultsDirError, ResultsLockedError, DeepSpeedUnavailable) as err:
-        raise fail(str(err)) from None
+    with _bad_input_exits(request, *_job_errors()):
+        job = make_job(request)
     console = Console(stderr=False)
     console.print(
         f"autotune: tuning {job.label} at world size {job.world_size} by "
-        f"{cfg.autotuning.metric.value}; results in {job.results_path}",
+        f"{job.config.autotuning.metric.value}; results in {job.results_path}",
         highlight=False,
         markup=False,
     )
     try:
         with (
+            _bad_input_exits(request, *_tune_errors(), script=job.script),
             _make_runner(runner, ray_address, gpus_per_rank) as experiment_runner,
             Progress(console, quiet) as progress,
         ):
             report = tune(job, experiment_runner, on_event=progress, max_concurrent=max_concurrent)
-    except ConfigError as err:
-        raise fail(str(_attributed(err, config, flags))) from None
-    except (WorkloadError, ResultsDirError, ResultsLockedError) as err:
-        raise fail(str(err)) from None
     except KeyboardInterrupt:
         typer.echo(
             f"interrupted: finished experiments are kept in {job.results_path}; "
@@ -340,26 +300,66 @@ def run(
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
 
 
-# The run flags that set a key of the autotuning section, where the flag is not the key.
-_FLAG_OF_KEY = {
-    "tuner_type": "--tuner",
-    "tuner_num_trials": "--num-trials",
-    "tuner_early_stopping": "--early-stopping",
-    "timeout_s": "--timeout",
-    "time_budget_s": "--time-budget",
+# The run flags that set a key of the config's autotuning section: the one table both for
+# applying them and for naming the flag in an error about the value it set.
+_AUTOTUNING_FLAGS = {
+    "--metric": "metric",
+    "--tuner": "tuner_type",
+    "--engine": "engine",
+    "--fast": "fast",
+    "--num-trials": "tuner_num_trials",
+    "--early-stopping": "tuner_early_stopping",
+    "--start-profile-step": "start_profile_step",
+    "--end-profile-step": "end_profile_step",
+    "--timeout": "timeout_s",
+    "--time-budget": "time_budget_s",
+    "--seed": "seed",
+    "--results-dir": "results_dir",
+}
+# How run's errors name its inputs: by the flags that gave them.
+_RUN_NAMES = {key: flag for flag, key in _AUTOTUNING_FLAGS.items()} | {
+    "device_memory": "--device-memory",
+    "config": "-c CONFIG",
 }
 
 
-def _attributed(err: ConfigError, config: Path | None, flags: dict[str, Any]) -> ConfigError:
-    """``err`` naming where the bad value came from, as ``autotune validate`` does: the flag
-    that set it (``--time-budget -5``), else the config file."""
-    if err.source:
-        return err
-    for key, value in flags.items():
-        if value is not None and err.key_path.startswith(f"autotuning.{key}"):
-            flag = _FLAG_OF_KEY.get(key, "--" + key.replace("_", "-"))
-            return err.with_source(f"{flag} {value}")
-    return err.with_source(str(config)) if config is not None else err
+def _param(flag: str) -> str:
+    """The name of run's parameter for ``flag``, as Typer derives the flag from it."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _job_errors() -> tuple[type[Exception], ...]:
+    """What assembling a job raises for input that cannot run (see make_job)."""
+    from autotune.engines import DeepSpeedUnavailable
+    from autotune.results import ResultsDirError, ResultsLockedError
+    from autotune.script_target import ScriptError
+    from autotune.workloads import WorkloadError
+
+    return ScriptError, WorkloadError, ResultsDirError, ResultsLockedError, DeepSpeedUnavailable
+
+
+def _tune_errors() -> tuple[type[Exception], ...]:
+    """What the tuning loop raises for input that cannot run (see autotune.tuning.tune)."""
+    from autotune.results import ResultsDirError, ResultsLockedError
+    from autotune.workloads import WorkloadError
+
+    return WorkloadError, ResultsDirError, ResultsLockedError
+
+
+@contextlib.contextmanager
+def _bad_input_exits(
+    request: RunRequest, *errors: type[Exception], script: ScriptTarget | None = None
+) -> Iterator[None]:
+    """Any of ``errors``, or a config error named by the flag or file it came from, as one
+    line and exit 2."""
+    from autotune.api import attributed
+
+    try:
+        yield
+    except ConfigError as err:
+        raise fail(str(attributed(err, request, script))) from None
+    except errors as err:
+        raise fail(str(err)) from None
 
 
 class PlanFormat(str, enum.Enum):
@@ -369,16 +369,11 @@ class PlanFormat(str, enum.Enum):
 
 @app.command()
 def plan(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="DeepSpeed config; default: built-in.")
-    ] = None,
+    config: _ConfigOption = None,
     workload: Annotated[
         str, typer.Option(help="As for run: gpt, mlp, hf:<model_type>, package.module:function.")
     ] = DEFAULT_WORKLOAD,
-    workload_arg: Annotated[
-        list[str] | None,
-        typer.Option("--workload-arg", "-a", help="key=value for the workload (repeatable)."),
-    ] = None,
+    workload_arg: _WorkloadArgOption = None,
     hardware: Annotated[
         str | None,
         typer.Option(
@@ -401,14 +396,13 @@ def plan(
 ) -> None:
     """Predict, without running anything, how each configuration would train on hardware
     you may not have: the ranking of the search space by the cost model, and what fits."""
-    from autotune.config import read_json
+    from autotune.api import read_config
     from autotune.planning import PlanRequest, make_plan
     from autotune.workloads import WorkloadError, parse_workload_args
 
     try:
-        spec = read_json(config) if config is not None else copy.deepcopy(DEFAULT_CONFIG)
         request = PlanRequest(
-            config=spec,
+            config=read_config(config),
             workload=workload,
             workload_args=parse_workload_args(workload_arg or []),
             world_size=world_size,
@@ -429,13 +423,10 @@ def plan(
 
 
 def _make_runner(kind: RunnerKind, ray_address: str | None, gpus_per_rank: float | None) -> Any:
-    from autotune.runner import LocalRunner
+    """The runner run starts (a name of this module's, so that a test can stand in another)."""
+    from autotune.api import make_runner
 
-    if kind is RunnerKind.local:
-        return contextlib.nullcontext(LocalRunner())
-    from autotune.runner.ray_runner import RayRunner
-
-    return RayRunner(address=ray_address, gpus_per_rank=gpus_per_rank)
+    return make_runner(kind.value, ray_address, gpus_per_rank)
 
 
 # DIR of report and best: run's default results directory, so that `autotune run` and then

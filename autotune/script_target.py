@@ -10,6 +10,7 @@ driver, the results directory and the fingerprint use it without importing torch
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -56,7 +57,7 @@ class ScriptTarget:
         """
         if not command:
             raise ScriptError("no script given after `--`")
-        mappings = tuple((key.strip(), flag.strip()) for key, flag in (arg_mappings or {}).items())
+        mappings = _mapping_pairs(arg_mappings or {})
         if command[0] == "-m":
             if len(command) < 2:
                 raise ScriptError("`-m` needs a module name")
@@ -66,6 +67,11 @@ class ScriptTarget:
         if not os.path.isfile(path):
             raise ScriptError(f"script {command[0]!r} does not exist")
         return cls(path, None, tuple(command[1:]), mappings)
+
+    def with_arg_mappings(self, arg_mappings: Mapping[str, str]) -> ScriptTarget:
+        """The same script with ``arg_mappings`` (``autotuning.arg_mappings``, known only once
+        the config is loaded), without finding its file again."""
+        return dataclasses.replace(self, arg_mappings=_mapping_pairs(arg_mappings))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ScriptTarget:
@@ -200,6 +206,10 @@ def config_value(ds_config: Mapping[str, Any], key: str) -> Any:
             if found is not None:
                 return found
     return None
+
+
+def _mapping_pairs(arg_mappings: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple((key.strip(), flag.strip()) for key, flag in arg_mappings.items())
 
 
 def _flag_text(value: Any) -> str:

@@ -1,0 +1,301 @@
+"""What ``autotune run`` does, from Python: :func:`tune` for a notebook or a script.
+
+The command line is a front over this module (as Ray Tune's ``tuner.py`` is over its
+``tuner_internal.py``): :class:`RunRequest` holds what the user asked, as given;
+:func:`make_job` turns it into a checked :class:`~autotune.job.TuningJob` (the config read
+and overridden, loaded at the world size, the script found once); :func:`make_runner` starts
+what runs the experiments; :func:`autotune.tuning.tune` runs the job to the end. Errors are
+raised, never turned into exits: that is the command line's part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import enum
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import ConfigError, load_config, parse_size, read_json, set_key
+from autotune.defaults import (
+    DEFAULT_CONFIG,
+    DEFAULT_CPUS_PER_RANK,
+    DEFAULT_WORKLOAD,
+    DEFAULT_WORLD_SIZE,
+    default_results_dir,
+)
+
+if TYPE_CHECKING:
+    from autotune.job import TuningJob
+    from autotune.script_target import ScriptTarget
+    from autotune.tuning import TuningEvent, TuningReport
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a run is asked, as given: nothing read or checked yet.
+
+    Attributes:
+        config: a DeepSpeed-style config: a JSON file, a dict, or None: the built-in one
+            (:data:`autotune.defaults.DEFAULT_CONFIG`, its results in the default directory;
+            in script mode, the file the script's ``--deepspeed_config`` names).
+        autotuning: keys of the config's ``autotuning`` section to set, over the config's
+            own values (``{"metric": "latency", "tuner_num_trials": 10}``); None leaves a key
+            to the config.
+        world_size: data-parallel ranks.
+        workload: a built-in workload (``gpt``, ``mlp``, ``hf:bert``) or
+            ``package.module:function``.
+        workload_args: its keyword arguments, as a dict or as ``key=value`` strings.
+        device_memory: per-rank memory budget: bytes, or a size such as ``"16GiB"``.
+        script: script mode: ``["train.py", *args]`` or ``["-m", "pkg.train", *args]``,
+            tuned instead of ``workload``.
+        overwrite: discard a previous run's results.
+        cpus_per_rank: cores (torch threads) each rank gets.
+        started_s: the ``time.monotonic()`` reading ``autotuning.time_budget_s`` counts from.
+        names: how the caller spells each input in an error message (the command line: its
+            flags): a key of ``autotuning`` (``"--time-budget"``), ``"device_memory"`` or
+            ``"config"``. An override named here is named by it with its value; one not named
+            is left to the key path the error names.
+    """
+
+    config: str | Path | Mapping[str, Any] | None = None
+    autotuning: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int = DEFAULT_WORLD_SIZE
+    workload: str = DEFAULT_WORKLOAD
+    workload_args: Mapping[str, Any] | Sequence[str] = field(default_factory=dict)
+    device_memory: str | int | None = None
+    script: Sequence[str] | None = None
+    overwrite: bool = False
+    cpus_per_rank: int = DEFAULT_CPUS_PER_RANK
+    started_s: float | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    @cached_property  # once: the default results directory may warn
+    def overrides(self) -> dict[str, Any]:
+        """The ``autotuning`` keys set, as JSON holds them (an enum by its value, a path as
+        text); the built-in config's results go to the default directory unless one is set."""
+        given = {
+            key: _as_json(value) for key, value in self.autotuning.items() if value is not None
+        }
+        if self.config is None and not self.script and "results_dir" not in given:
+            given["results_dir"] = str(default_results_dir())
+        return given
+
+
+def read_config(config: str | Path | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The config as written, free to edit: a JSON file's, a copy of a dict's, or a copy of the
+    built-in one (None).
+
+    Raises:
+        ConfigError: the file is missing, unreadable or not JSON.
+    """
+    if config is None:
+        return copy.deepcopy(DEFAULT_CONFIG)
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config))
+    return read_json(config)
+
+
+def make_job(request: RunRequest) -> TuningJob:
+    """The job ``request`` asks for, checked as far as it can be before anything starts (Ray
+    takes seconds): the config, the workload (a forward on the meta device), the results
+    directory, the engine.
+
+    Raises:
+        ScriptError: the script cannot be found, or names no config and none is given.
+        ConfigError: the config, an override or the device memory breaks a rule; named by
+            where it came from (see :func:`attributed`).
+        WorkloadError: the workload spec or its arguments are unusable.
+        ResultsDirError / ResultsLockedError: the results directory cannot be used.
+        DeepSpeedUnavailable: the job measures on DeepSpeed, and none usable is installed.
+    """
+    from autotune.job import TuningJob, check_job
+    from autotune.script_target import ScriptTarget
+
+    # The script first: its arguments may name the config file.
+    target = ScriptTarget.from_command(request.script) if request.script else None
+    config_file = _config_file(request, target)
+    try:
+        spec = read_config(config_file if config_file is not None else request.config)
+        for key, value in request.overrides.items():
+            set_key(spec, f"autotuning.{key}", value)
+        config = load_config(spec, world_size=request.world_size)
+    except ConfigError as err:
+        raise attributed(err, request, target) from None
+    device_memory_bytes = _device_memory_bytes(request)
+    job = TuningJob(
+        config=config,
+        workload=request.workload,
+        workload_args=_workload_args(request.workload_args),
+        device_memory_bytes=device_memory_bytes,
+        overwrite=request.overwrite or config.autotuning.overwrite,
+        cpus_per_rank=request.cpus_per_rank,
+        script=target.with_arg_mappings(config.autotuning.arg_mappings or {}) if target else None,
+        started_s=request.started_s,
+    )
+    check_job(job)
+    return job
+
+
+def attributed(
+    err: ConfigError, request: RunRequest, script: ScriptTarget | None = None
+) -> ConfigError:
+    """``err`` naming where the bad value came from, as ``autotune validate`` does: the
+    override that set it, by the caller's name for it (``--time-budget -5.0``), else the
+    config file (``script``'s, in script mode without one given)."""
+    if err.source:
+        return err
+    for key, value in request.overrides.items():
+        if err.key_path.startswith(f"autotuning.{key}"):
+            name = request.names.get(key)
+            return err.with_source(f"{name} {value}") if name else err
+    config_file = _config_file(request, script)
+    return err.with_source(str(config_file)) if config_file is not None else err
+
+
+def make_runner(
+    kind: str = "ray", ray_address: str | None = None, gpus_per_rank: float | None = None
+) -> Any:
+    """What runs the experiments, as a context manager that shuts it down: ``"ray"``, warm
+    actors on the Ray cluster at ``ray_address`` (None: one started here, or
+    ``RAY_ADDRESS``'s); ``"local"``, fresh processes per experiment."""
+    from autotune.runner import LocalRunner
+
+    if kind == "local":
+        return contextlib.nullcontext(LocalRunner())
+    if kind != "ray":
+        raise ValueError(f"runner {kind!r}: expected 'ray' or 'local'")
+    from autotune.runner.ray_runner import RayRunner
+
+    return RayRunner(address=ray_address, gpus_per_rank=gpus_per_rank)
+
+
+def tune(
+    config: str | Path | Mapping[str, Any] | None = None,
+    *,
+    workload: str = DEFAULT_WORKLOAD,
+    workload_args: Mapping[str, Any] | None = None,
+    world_size: int = DEFAULT_WORLD_SIZE,
+    device_memory: str | int | None = None,
+    script: Sequence[str] | None = None,
+    overwrite: bool = False,
+    runner: str = "ray",
+    ray_address: str | None = None,
+    cpus_per_rank: int = DEFAULT_CPUS_PER_RANK,
+    gpus_per_rank: float | None = None,
+    max_concurrent: int | None = None,
+    on_event: Callable[[TuningEvent], None] | None = None,
+    **autotuning: Any,
+) -> TuningReport:
+    """Tune, as ``autotune run`` does: run (or resume) experiments, rank them, write
+    ``ds_config_optimal.json`` and the summary into the results directory.
+
+    Args:
+        config: a DeepSpeed-style config: a JSON file, a dict, or None: the built-in one.
+        workload: ``gpt``, ``mlp``, ``hf:<model_type>`` or ``package.module:function``.
+        workload_args: the workload's keyword arguments.
+        world_size: data-parallel ranks.
+        device_memory: per-rank memory budget: bytes or a size such as ``"16GiB"``.
+        script: script mode: ``["train.py", *args]``, tuned instead of ``workload``.
+        overwrite: discard a previous run's results.
+        runner: ``"ray"`` (warm actors) or ``"local"`` (fresh processes); started here and
+            shut down before this returns, whatever happens.
+        ray_address: an existing Ray cluster (None: ``RAY_ADDRESS``, else one started here).
+        cpus_per_rank: cores each rank gets.
+        gpus_per_rank: Ray: GPUs per rank (None: 1 if the cluster has GPUs).
+        max_concurrent: Ray: experiments at once (None: as many as fit on the GPUs, else 1).
+        on_event: called as each experiment starts and finishes (a progress display).
+        **autotuning: keys of the config's ``autotuning`` section, over the config's values
+            (``metric="latency"``, ``tuner_type="gridsearch"``, ``tuner_num_trials=10``,
+            ``time_budget_s=600``, ``results_dir="runs/a"``); None leaves a key to the config.
+
+    Returns:
+        The report: the summary (``report.summary.best`` is None when no experiment ran ok),
+        the results directory and the optimal config's path.
+
+    Raises:
+        ConfigError, ScriptError, WorkloadError, ResultsDirError, ResultsLockedError,
+        DeepSpeedUnavailable: the input cannot run (see :func:`make_job`); raised before
+        the runner starts, except a config that leaves nothing to search.
+        KeyboardInterrupt: finished experiments are kept; the same call resumes.
+
+    Example::
+
+        from autotune.api import tune
+
+        report = tune(
+            "ds_config.json", workload="mlp", world_size=2, metric="latency",
+            results_dir="runs/mlp", runner="local",
+        )
+        print(report.summary.best, report.optimal_config_path)
+    """
+    from autotune import tuning
+
+    request = RunRequest(
+        config=config,
+        autotuning=autotuning,
+        world_size=world_size,
+        workload=workload,
+        workload_args=workload_args or {},
+        device_memory=device_memory,
+        script=script,
+        overwrite=overwrite,
+        cpus_per_rank=cpus_per_rank,
+        started_s=time.monotonic(),
+    )
+    job = make_job(request)
+    try:
+        with make_runner(runner, ray_address, gpus_per_rank) as experiment_runner:
+            return tuning.tune(job, experiment_runner, on_event, max_concurrent)
+    except ConfigError as err:
+        raise attributed(err, request, job.script) from None
+
+
+def _config_file(request: RunRequest, script: ScriptTarget | None) -> Path | str | None:
+    """The file the config comes from: the one given, else the one the script's arguments
+    name; None for a dict or the built-in config.
+
+    Raises:
+        ScriptError: script mode, and no config anywhere.
+    """
+    from autotune.script_target import ScriptError
+
+    if isinstance(request.config, str | Path):
+        return request.config
+    if script is None or request.config is not None:
+        return None
+    found = script.config_path()
+    if found is None:
+        config = request.names.get("config", "config=...")
+        raise ScriptError(
+            f"script mode needs a config: pass {config}, or --deepspeed_config / --deepspeed "
+            "in the script's arguments"
+        )
+    return Path(found)
+
+
+def _device_memory_bytes(request: RunRequest) -> int | None:
+    if request.device_memory is None:
+        return None
+    try:
+        return parse_size(request.device_memory)
+    except ValueError as err:
+        raise ConfigError(
+            "", str(err), request.names.get("device_memory", "device_memory")
+        ) from None
+
+
+def _workload_args(args: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
+    from autotune.workloads import parse_workload_args
+
+    return dict(args) if isinstance(args, Mapping) else parse_workload_args(args)
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    return str(value) if isinstance(value, Path) else value
