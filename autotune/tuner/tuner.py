@@ -146,15 +146,12 @@ class Tuner:
         self._model_info = model_info
         self._ledger = Ledger()
         self._bounds = Bounds(self._ledger)
-        self._proposed: list[str] = []  # names in the order they were asked (or replayed)
-        self._remeasure = Remeasurement(self._ledger, self._tuning, self._proposed)
-        self._owed: set[str] = set()  # proposed by an interrupted run, never finished
+        self._remeasure = Remeasurement(self._ledger, self._tuning)
         model_based = TunerType(self._tuning.tuner_type) is TunerType.model_based
         self._phases = MODEL_PHASES if model_based else SAMPLED_PHASES
         self._phase = self._phases[0]
         self._search: PhaseSearch | None = None  # the sampled phase's, while one runs
         self._stop_reason = ""
-        self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
         self._budget = TimeBudget(self._ledger, self._tuning.time_budget_s, clock, started)
         space = build_space(config, model_info, device_memory_bytes)
         self._catalog = Catalog(self._ledger, self._bounds, space)
@@ -214,12 +211,7 @@ class Tuner:
                 continue
             if candidate is not None:
                 self._budget.asked()
-                self._ledger.pending[name] = candidate
-                if name in self._owed:  # keeps the place it was first proposed at
-                    self._owed.discard(name)
-                else:
-                    self._proposed.append(name)
-                return candidate
+                return self._ledger.propose(candidate)
         return None
 
     def learn_model(self, model_info: ModelInfo) -> None:
@@ -242,39 +234,35 @@ class Tuner:
         if self._model_search is not None:
             self._model_search.use_space(space, _model_shape(model_info))
 
-    def owe(self, name: str) -> None:
+    def owe(self, name: str, number: int | None = None) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
-        among the replayed results (call in the order they were proposed).
+        among the replayed results (call in the order they were proposed; ``number``: the
+        number it was proposed as, kept when it runs again).
 
         Until it is run again it counts as in flight for early stopping, and its phase
         proposes it before anything new, so the resumed run decides as the interrupted one
         would have.
         """
-        if name not in self._ledger.results and name not in self._proposed:
-            self._proposed.append(name)
-            self._owed.add(name)
+        self._ledger.owe(name, number)
 
-    def tell(self, result: ExperimentResult) -> None:
+    def tell(self, result: ExperimentResult, number: int | None = None) -> None:
         """Record a finished experiment of any status.
 
         A result the tuner did not ask for is history being replayed: it is recorded the same
-        way, and its duration counts toward the time budget. Telling a name twice keeps the
-        first result.
+        way (``number``: the number it was proposed as, None: the next), and its duration
+        counts toward the time budget. Telling a name twice keeps the first result.
         """
         if result.name in self._ledger.results:
             return
-        if self._ledger.pending.pop(result.name, None) is None:
+        if result.name not in self._ledger.pending:
             self._budget.replayed(result)
-            if result.name in self._owed:
-                self._owed.discard(result.name)
-            else:
-                self._proposed.append(result.name)
         if self._model_search is not None and result.name not in self._ledger.entries:
             # A configuration the cost model proposed, told from history: known by its key.
             key = self._model_search.key_of(result.name)
             if key is not None:
                 self._catalog.register(*key)
-        self._ledger.record(result, self._catalog.entry(result.name))
+        self._catalog.register_size_run(result.name)
+        self._ledger.record(result, number)
         self._bounds.note(result.name)
         if self._search is not None:
             self._search.tell(result)
@@ -321,8 +309,8 @@ class Tuner:
         """The next name the current phase wants run, or None if it has nothing now."""
         # A re-measurement an interrupted run had running comes first, as it would have
         # finished first.
-        owed = (n for n in self._proposed if n in self._owed and split_repeat(n)[1] > 0)
-        if (name := next((n for n in owed if self._catalog.is_free(n)), None)) is not None:
+        owed = (n for n in self._ledger.owed() if split_repeat(n)[1] > 0)
+        if (name := next(owed, None)) is not None:
             return name
         if self._phase is Phase.remeasure:
             return self._next_repeat()
@@ -331,15 +319,14 @@ class Tuner:
         if (control := self._remeasure.control_due(self._is_open_repeat)) is not None:
             return control
         if self._phase is Phase.max_micro_batch:
-            return self._sizes.next_owed(self._proposed, self._owed) or self._sizes.next()
+            return self._sizes.next_owed() or self._sizes.next()
         if self._phase is Phase.model:
             return self._next_predicted()
         if self._search is None:  # nothing to tune in this phase
             return None
         # What an interrupted run had running comes first, as it would have finished first.
-        owed = (n for n in self._proposed if n in self._owed and n in self._search)
-        name = next((n for n in owed if self._catalog.is_free(n)), None)
-        if name is not None:
+        owed = (n for n in self._ledger.owed() if n in self._search)
+        if (name := next(owed, None)) is not None:
             return name
         if self._patience_spent():  # until a result in flight brings a new best, if one does
             return None
@@ -350,15 +337,14 @@ class Tuner:
         (before the workload's size is known, the first size of the memory search)."""
         search = self._model_search
         assert search is not None
-        for name in self._proposed:
-            if name in self._owed and self._catalog.is_free(name):
-                key = search.key_of(name)
-                if key is not None:
-                    self._catalog.register(*key)
-                    return name
-                if name in self._catalog.size_names:
-                    self._catalog.entry(name)
-                    return name
+        for name in self._ledger.owed():
+            key = search.key_of(name)
+            if key is not None:
+                self._catalog.register(*key)
+                return name
+            if name in self._catalog.size_names:
+                self._catalog.register_size_run(name)
+                return name
         if self._patience_spent():
             return None
         if search.fitted() is None:
@@ -427,7 +413,7 @@ class Tuner:
             reason = "not searched: the search ended first"
             if plan.variant in ran:
                 reason = "no micro-batch ran ok"
-            self._catalog.pruned.setdefault(plan.variant.label, reason)
+            self._ledger.rule_out_variant(plan.variant.label, reason, replace_reason=False)
 
     def _start_micro_batch_phase(self) -> None:
         self._note_unsearched_variants()
@@ -489,12 +475,12 @@ class Tuner:
         if name is None or self._fits_time_budget(name):
             return name
         reason = self._budget.reason
-        self._ended[name] = f"not run: {reason}"
+        self._ledger.leave_unreached(name, f"not run: {reason}")
         self._stop_reason = reason
         return None
 
     def _is_open_repeat(self, name: str) -> bool:
-        return self._catalog.is_open_repeat(name) and name not in self._ended
+        return self._ledger.is_undecided(name)
 
     # --- the time budget ----------------------------------------------------------------------
 
@@ -513,7 +499,7 @@ class Tuner:
             reason += ": the rest kept for re-measuring the best"
         if self._search is not None:
             self._search.drop(name)
-        self._ended[name] = f"not run: {reason}"
+        self._ledger.leave_unreached(name, f"not run: {reason}", replace_reason=True)
         self._note_unreached(reason)
         self._stop_reason = reason
         self._search = None
@@ -544,8 +530,8 @@ class Tuner:
     def _note_unreached(self, reason: str) -> None:
         """Why the current phase's configurations that never ran did not (for the summary)."""
         for name in self._search.points if self._search is not None else ():
-            if name not in self._ledger.results and name not in self._ledger.pending:
-                self._ended.setdefault(name, f"not reached: {reason}")
+            if self._ledger.is_free(name):
+                self._ledger.leave_unreached(name, f"not reached: {reason}")
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -556,7 +542,7 @@ class Tuner:
         try:
             ds_config = self._ds_config(entry.overrides)
         except ConfigError as err:
-            self._catalog.pruned[name] = str(err)
+            self._ledger.rule_out(name, str(err))
             if self._search is not None:
                 self._search.drop(name)
             return None
@@ -603,18 +589,22 @@ class Tuner:
         the reason: pruned (memory estimate, an ``oom`` below it, the data bound, a config
         rule), not reached (the phase or the run ended first, and why), or, with
         ``model_based``, predicted not to beat the best (one line per variant)."""
+        ledger = self._ledger
         explained = {
-            **self._catalog.pruned,
-            **failed_sizes_bound(self._catalog.space.plans, self._ledger),
+            **ledger.ruled_out_variants,
+            **{t.name: t.reason for t in ledger.not_run() if t.final and t.reason is not None},
+            **failed_sizes_bound(self._catalog.space.plans, ledger),
             **self._bounds.pruned(),
         }
         ended = f"not reached: the search ended first ({self._stop_reason or 'search complete'})"
-        for name, entry in self._ledger.entries.items():
-            if name in self._ledger.results or name in self._ledger.pending or name in explained:
+        for name, entry in ledger.entries.items():
+            if not ledger.is_free(name) or name in explained:
                 continue
-            explained[name] = self._ended.get(name) or self._catalog.pruned.get(
-                entry.variant.label, ended
-            )
+            trial = ledger.trial(name)
+            if trial is not None and trial.reason is not None:
+                explained[name] = trial.reason
+            else:
+                explained[name] = ledger.ruled_out_variants.get(entry.variant.label, ended)
         if self._model_search is not None and self._phase is Phase.done:
             for label, count in self._model_search.unmeasured().items():
                 if label not in explained:
@@ -642,7 +632,6 @@ class Tuner:
             names = self._search.points if self._search is not None else {}
         since = experiments_since_best(
             self._ledger,
-            self._proposed,
             names,
             self._tuning.metric,
             knobs_later=self._phase is Phase.micro_batch,
