@@ -245,6 +245,7 @@ def run(
     from autotune.job import TuningJob, check_job
     from autotune.results import ResultsDirError, ResultsLockedError
     from autotune.script_target import ScriptError, ScriptTarget
+    from autotune.summary_text import stopped_line
     from autotune.tuning import tune
     from autotune.workloads import WorkloadError, parse_workload_args
 
@@ -336,7 +337,7 @@ def run(
     print_report(console, report)
     if report.summary.best is None:
         # Nothing to train with: a script or pipeline calling autotune must see that.
-        typer.echo(f"error: no experiment ran ok; stopped: {report.summary.stop_reason}", err=True)
+        typer.echo(f"error: no experiment ran ok; {stopped_line(report.summary)}", err=True)
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
 
 

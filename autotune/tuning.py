@@ -11,6 +11,7 @@ the moment it finishes, so a crash loses only the experiments in flight.
 
 from __future__ import annotations
 
+import enum
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from autotune.job import (
     workload_model_info,
 )
 from autotune.results import Proposal, ResultsDir
-from autotune.summary_text import format_summary
+from autotune.summary_text import format_summary, summary_json, train_with
 from autotune.tuner import Candidate, Tuner, TuningSummary
 
 if TYPE_CHECKING:
@@ -66,11 +67,20 @@ class ConcurrentRunner(Protocol):
         ...
 
 
+class EventKind(str, enum.Enum):
+    """What happened: a run resumed from its results directory, an experiment started or
+    finished."""
+
+    resumed = "resumed"
+    started = "started"
+    finished = "finished"
+
+
 @dataclass(frozen=True)
 class TuningEvent:
     """Progress, for displays: an experiment started or finished."""
 
-    kind: str  # "resumed" | "started" | "finished"
+    kind: EventKind
     candidate: Candidate | None
     result: ExperimentResult | None
     summary: TuningSummary
@@ -87,6 +97,7 @@ class TuningReport:
     num_resumed: int
     num_run_now: int
     command: str | None = None  # script mode: the command that trains with the best
+    train_with: str | None = None  # how to train with the best (see summary_text.train_with)
 
 
 def tune(
@@ -122,7 +133,7 @@ def tune(
             info = measured_model_info(results.results(), job.world_size)
         tuner, history = make_tuner(job, info, results)
         if history:
-            notify(TuningEvent("resumed", None, None, tuner.summary()))
+            notify(TuningEvent(EventKind.resumed, None, None, tuner.summary()))
 
         def make_spec(candidate: Candidate) -> ExperimentSpec:
             return experiment_spec(
@@ -143,21 +154,20 @@ def tune(
         )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
-        optimal_path, command = None, None
+        optimal_path, command, training = None, None, None
         if optimal is not None:
             optimal_path = results.write_optimal(optimal_as_read(job, summary, optimal))
             command = training_command(job, optimal, optimal_path)
             if command is not None:
                 results.write_command(command)
+            training = train_with(job, optimal_path, command)
         results.write_summary(
-            {
-                **summary.to_dict(),
-                "optimal_config": str(optimal_path) if optimal_path else None,
-                "command": command,
-            },
+            summary_json(summary, optimal_path, command),
             format_summary(summary, optimal_path, job, command),
         )
-    return TuningReport(summary, job.results_path, optimal_path, len(history), run_now, command)
+    return TuningReport(
+        summary, job.results_path, optimal_path, len(history), run_now, command, training
+    )
 
 
 def optimal_as_read(
@@ -209,7 +219,7 @@ def _run_to_the_end(
                 results.start(spec, proposal)
                 slots.runner.submit(spec)
                 in_flight[spec.name] = (spec, candidate, proposal)
-                notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
+                notify(TuningEvent(EventKind.started, candidate, None, tuner.summary(), running()))
             if not in_flight:  # the tuner asks for nothing and waits for nothing: done
                 return run_now
             for result in slots.runner.wait():
@@ -218,7 +228,9 @@ def _run_to_the_end(
                 tuner.tell(result)
                 run_now += 1
                 on_result(result)
-                notify(TuningEvent("finished", candidate, result, tuner.summary(), running()))
+                notify(
+                    TuningEvent(EventKind.finished, candidate, result, tuner.summary(), running())
+                )
     except BaseException:
         slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
         raise

@@ -7,6 +7,7 @@ from typing import Any
 
 from autotune.tuner.bounds import Bounds
 from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.reasons import NotRunKind, NotRunReason
 from autotune.tuner.samplers import Point
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan, recommended_point
 
@@ -32,8 +33,8 @@ class Catalog:
     def use_space(self, space: TuningSpace) -> None:
         """Search ``space`` from now on; what it prunes stays pruned."""
         self.space = space
-        for label, reason in space.pruned.items():
-            self._ledger.rule_out_variant(label, reason)
+        for label, why in space.pruned.items():
+            self._ledger.rule_out_variant(label, NotRunReason(NotRunKind.variant_rule, (why,)))
         self.add_size_names(space)
 
     def add_size_names(self, space: TuningSpace) -> None:

@@ -18,6 +18,7 @@ from autotune.experiment import ExperimentResult
 from autotune.tuner.candidate import Candidate
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, rank, score
+from autotune.tuner.reasons import NotRunReason
 from autotune.tuner.space import Variant
 
 
@@ -60,7 +61,7 @@ class Trial:
     number: int | None = None
     candidate: Candidate | None = None
     result: ExperimentResult | None = None
-    reason: str | None = None
+    reason: NotRunReason | None = None
     final: bool = False
 
 
@@ -80,7 +81,7 @@ class Ledger:
         self._order: list[str] = []  # names in the order they were told
         # Micro-batch runs at the config's own knobs, per variant: size → result.
         self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
-        self._ruled_out_variants: dict[str, str] = {}
+        self._ruled_out_variants: dict[str, NotRunReason] = {}
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -121,7 +122,7 @@ class Ledger:
         return (t for t in self._trials.values() if t.state is TrialState.not_run)
 
     @property
-    def ruled_out_variants(self) -> Mapping[str, str]:
+    def ruled_out_variants(self) -> Mapping[str, NotRunReason]:
         """Variant label → why none of its configurations runs."""
         return self._ruled_out_variants
 
@@ -187,13 +188,15 @@ class Ledger:
             self._size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
         return True
 
-    def rule_out(self, name: str, reason: str) -> None:
+    def rule_out(self, name: str, reason: NotRunReason) -> None:
         """``name`` never runs: a rule rejects it."""
         trial = self._trials.get(name)
         number = trial.number if trial is not None else None
         self._trials[name] = Trial(name, TrialState.not_run, number, reason=reason, final=True)
 
-    def leave_unreached(self, name: str, reason: str, *, replace_reason: bool = False) -> None:
+    def leave_unreached(
+        self, name: str, reason: NotRunReason, *, replace_reason: bool = False
+    ) -> None:
         """``name``'s phase ended before it ran, for ``reason``; the first reason stays unless
         ``replace_reason``. A later phase may still propose it."""
         state = self._trials[name].state if name in self._trials else None
@@ -203,7 +206,9 @@ class Ledger:
         number = self._trials[name].number if name in self._trials else None
         self._trials[name] = Trial(name, TrialState.not_run, number, reason=reason)
 
-    def rule_out_variant(self, label: str, reason: str, *, replace_reason: bool = True) -> None:
+    def rule_out_variant(
+        self, label: str, reason: NotRunReason, *, replace_reason: bool = True
+    ) -> None:
         """No configuration of the variant ``label`` runs, for ``reason``."""
         if replace_reason or label not in self._ruled_out_variants:
             self._ruled_out_variants[label] = reason

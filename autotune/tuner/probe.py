@@ -22,6 +22,7 @@ from autotune.tuner.catalog import Catalog
 from autotune.tuner.ledger import Ledger
 from autotune.tuner.prior import best_micro_batch, variant_order
 from autotune.tuner.ranking import score
+from autotune.tuner.reasons import NotRunKind, NotRunReason
 from autotune.tuner.samplers import Subspace
 from autotune.tuner.space import TuningSpace, VariantPlan
 
@@ -106,25 +107,21 @@ def _probe_in(
     return gap[len(gap) // 2]
 
 
-def failed_sizes_bound(plans: Sequence[VariantPlan], ledger: Ledger) -> dict[str, str]:
+def failed_sizes_bound(plans: Sequence[VariantPlan], ledger: Ledger) -> dict[str, NotRunReason]:
     """Where a default-ladder search stopped after :data:`MAX_FAILED_SIZES` errors and
     timeouts above its largest fit: the sizes above the first of them it never tried."""
     bounds = {}
     for plan in plans:
         fit = ledger.largest_fit(plan.variant)
         runs = ledger.runs_of(plan.variant)
-        if not stepped_over_enough(plan, runs, fit):
+        if fit is None or not stepped_over_enough(plan, runs, fit):
             continue
-        failed = sorted(
-            s for s, r in runs.items() if fit is not None and s > fit and fails_alone(r)
-        )
+        failed = sorted(s for s, r in runs.items() if s > fit and fails_alone(r))
         untried = [s for s in plan.ladder if s > failed[0] and s not in runs]
         if not untried:
             continue
-        bounds[f"{plan.variant.label} micro-batch > {failed[0]}"] = (
-            f"not searched: {len(failed)} sizes above {fit} failed with an error or timeout "
-            f"({', '.join(map(str, failed))}), which says nothing about memory; list the "
-            "sizes in train_micro_batch_size_per_gpu to run them"
+        bounds[f"{plan.variant.label} micro-batch > {failed[0]}"] = NotRunReason(
+            NotRunKind.failed_sizes, (len(failed), fit, ", ".join(map(str, failed)))
         )
     return bounds
 

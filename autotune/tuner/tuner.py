@@ -73,6 +73,7 @@ from autotune.tuner.phase_search import PhaseSearch
 from autotune.tuner.prior import best_micro_batch
 from autotune.tuner.probe import SizeSearch, failed_sizes_bound
 from autotune.tuner.ranking import TOLERANCE
+from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
 from autotune.tuner.remeasure import Remeasurement
 from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import build_space
@@ -151,7 +152,7 @@ class Tuner:
         self._phases = MODEL_PHASES if model_based else SAMPLED_PHASES
         self._phase = self._phases[0]
         self._search: PhaseSearch | None = None  # the sampled phase's, while one runs
-        self._stop_reason = ""
+        self._stop: StopReason | None = None  # why the search ended, once it did
         self._budget = TimeBudget(self._ledger, self._tuning.time_budget_s, clock, started)
         space = build_space(config, model_info, device_memory_bytes)
         self._catalog = Catalog(self._ledger, self._bounds, space)
@@ -275,7 +276,7 @@ class Tuner:
             self._tuning,
             not_run=self._not_run(),
             tuning_time_s=self.elapsed_s,
-            stop_reason=self._stop_reason,
+            stop=self._stop,
             noise=self._remeasure.noise(),
             cost_model=self.cost_model(),
         )
@@ -362,21 +363,18 @@ class Tuner:
         self._catalog.register(*key)
         return chosen
 
-    def _phase_end_reason(self) -> str:
-        """Why the phase that has nothing more to propose ended: a limit it reached, or ""
+    def _phase_end_reason(self) -> StopReason | None:
+        """Why the phase that has nothing more to propose ended: a limit it reached, or None
         where it ran all it had."""
         if self._phase is Phase.remeasure:
-            return ""
+            return None
         if self._search_budget_spent():
-            return f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
+            return StopReason(StopKind.trial_cap, (self._tuning.tuner_num_trials,))
         if self._searching() and self._patience_spent():
-            return f"no better result in the last {self._tuning.tuner_early_stopping} experiments"
+            return StopReason(StopKind.no_better, (self._tuning.tuner_early_stopping,))
         if self._phase is Phase.model and self._ledger.results:
-            return (
-                f"the cost model predicts no configuration left beats the best by more than "
-                f"{TOLERANCE:.0%}"
-            )
-        return ""
+            return StopReason(StopKind.model_converged, (TOLERANCE,))
+        return None
 
     def _searching(self) -> bool:
         return self._search is not None or self._phase is Phase.model
@@ -385,9 +383,9 @@ class Tuner:
         """End the current phase (keeping why, if a limit ended it) and move to the next
         phase that has something to do."""
         reason = self._phase_end_reason()
-        if reason:
-            self._stop_reason = reason
-        self._note_unreached(reason or "the phase ended")
+        if reason is not None:
+            self._stop = reason
+        self._note_unreached(NotRunReason(NotRunKind.not_reached, stop=reason))
         self._search = None
         if self._phase is Phase.model:
             self._note_unsearched_variants()
@@ -396,8 +394,8 @@ class Tuner:
             self._start_micro_batch_phase()
         elif self._phase is Phase.knobs:
             self._start_knob_phase()
-        elif self._phase is Phase.done and not self._stop_reason:
-            self._stop_reason = "search space exhausted"
+        elif self._phase is Phase.done and self._stop is None:
+            self._stop = StopReason(StopKind.exhausted)
 
     def _note_unsearched_variants(self) -> None:
         """Why each variant with nothing that ran ok has none: never run is not the same as
@@ -410,9 +408,8 @@ class Tuner:
         for plan in self._catalog.space.plans:
             if self._ledger.best_score(plan.variant, self._tuning.metric) is not None:
                 continue
-            reason = "not searched: the search ended first"
-            if plan.variant in ran:
-                reason = "no micro-batch ran ok"
+            kind = NotRunKind.none_fit if plan.variant in ran else NotRunKind.not_searched
+            reason = NotRunReason(kind)
             self._ledger.rule_out_variant(plan.variant.label, reason, replace_reason=False)
 
     def _start_micro_batch_phase(self) -> None:
@@ -456,7 +453,7 @@ class Tuner:
     def _start_search(self, subspaces: list[Subspace], names: dict[Point, str]) -> None:
         if not subspaces:
             return
-        self._stop_reason = ""  # each search phase ends for its own reason
+        self._stop = None  # each search phase ends for its own reason
         self._search = PhaseSearch(
             self._phase, subspaces, names, self._tuning, self._storage, self._ledger
         )
@@ -468,15 +465,14 @@ class Tuner:
         if self._ledger.pending:
             return None  # each re-measurement is decided on every result before it
         if self._trials_left() <= 0:
-            if not self._stop_reason:
-                self._stop_reason = f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
+            if self._stop is None:
+                self._stop = StopReason(StopKind.trial_cap, (self._tuning.tuner_num_trials,))
             return None
         name = self._remeasure.next(self._is_open_repeat)
         if name is None or self._fits_time_budget(name):
             return name
-        reason = self._budget.reason
-        self._ledger.leave_unreached(name, f"not run: {reason}")
-        self._stop_reason = reason
+        self._stop = self._time_stop(StopKind.time_budget)
+        self._ledger.leave_unreached(name, NotRunReason(NotRunKind.time_budget, stop=self._stop))
         return None
 
     def _is_open_repeat(self, name: str) -> bool:
@@ -494,44 +490,42 @@ class Tuner:
     def _end_search_for_time(self, name: str) -> None:
         """The search's next experiment would not end in time: what is left of the budget
         goes to re-measuring what the search found."""
-        reason = self._budget.reason
-        if self._tuning.num_remeasure > 0:
-            reason += ": the rest kept for re-measuring the best"
+        kept = self._tuning.num_remeasure > 0
+        kind = StopKind.time_budget_kept if kept else StopKind.time_budget
+        stop = self._time_stop(kind)
         if self._search is not None:
             self._search.drop(name)
-        self._ledger.leave_unreached(name, f"not run: {reason}", replace_reason=True)
-        self._note_unreached(reason)
-        self._stop_reason = reason
+        not_run = NotRunReason(NotRunKind.time_budget, stop=stop)
+        self._ledger.leave_unreached(name, not_run, replace_reason=True)
+        self._note_unreached(NotRunReason(NotRunKind.not_reached, stop=stop))
+        self._stop = stop
         self._search = None
         self._phase = Phase.remeasure
 
-    def _run_end_reason(self) -> str | None:
+    def _time_stop(self, kind: StopKind) -> StopReason:
+        seconds = self._budget.seconds
+        assert seconds is not None, "only a time budget ends the search for time"
+        return StopReason(kind, (seconds,))
+
+    def _run_end_reason(self) -> StopReason | None:
         """Why the whole run ends now, whatever phase it is in; None: it goes on."""
         if self._budget.spent:
-            return f"{self._budget.reason} spent"
+            return self._time_stop(StopKind.time_budget_spent)
         if (error := self._bounds.same_failure()) is not None:
-            return (
-                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
-                f"(numbers aside), so every other would too: {error}"
-            )
+            return StopReason(StopKind.same_failure, (SAME_FAILURE_LIMIT, error))
         if (steps := self._bounds.step_limit()) is not None:
-            return (
-                f"the script ends after {steps} optimizer steps whatever the micro-batch (a "
-                f"limit of its own, such as --max_steps, not its data), before "
-                f"end_profile_step ({self._tuning.end_profile_step}): give it more steps or "
-                "lower autotuning.end_profile_step"
-            )
+            return StopReason(StopKind.step_limit, (steps, self._tuning.end_profile_step))
         return None
 
-    def _finish(self, reason: str) -> None:
-        self._note_unreached(reason)
-        self._phase, self._search, self._stop_reason = Phase.done, None, reason
+    def _finish(self, reason: StopReason) -> None:
+        self._note_unreached(NotRunReason(NotRunKind.not_reached, stop=reason))
+        self._phase, self._search, self._stop = Phase.done, None, reason
 
-    def _note_unreached(self, reason: str) -> None:
+    def _note_unreached(self, reason: NotRunReason) -> None:
         """Why the current phase's configurations that never ran did not (for the summary)."""
         for name in self._search.points if self._search is not None else ():
             if self._ledger.is_free(name):
-                self._ledger.leave_unreached(name, f"not reached: {reason}")
+                self._ledger.leave_unreached(name, reason)
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -542,7 +536,7 @@ class Tuner:
         try:
             ds_config = self._ds_config(entry.overrides)
         except ConfigError as err:
-            self._ledger.rule_out(name, str(err))
+            self._ledger.rule_out(name, NotRunReason(NotRunKind.config_rule, (str(err),)))
             if self._search is not None:
                 self._search.drop(name)
             return None
@@ -584,7 +578,7 @@ class Tuner:
         ds_config.pop("autotuning", None)
         return ds_config
 
-    def _not_run(self) -> dict[str, str]:
+    def _not_run(self) -> dict[str, NotRunReason]:
         """Every variant, bound and configuration the tuner considered and did not run, with
         the reason: pruned (memory estimate, an ``oom`` below it, the data bound, a config
         rule), not reached (the phase or the run ended first, and why), or, with
@@ -596,7 +590,7 @@ class Tuner:
             **failed_sizes_bound(self._catalog.space.plans, ledger),
             **self._bounds.pruned(),
         }
-        ended = f"not reached: the search ended first ({self._stop_reason or 'search complete'})"
+        ended = NotRunReason(NotRunKind.search_ended, stop=self._stop)
         for name, entry in ledger.entries.items():
             if not ledger.is_free(name) or name in explained:
                 continue
@@ -608,8 +602,8 @@ class Tuner:
         if self._model_search is not None and self._phase is Phase.done:
             for label, count in self._model_search.unmeasured().items():
                 if label not in explained:
-                    explained[f"{label}: {count} configurations"] = (
-                        f"not measured: {self._stop_reason or 'the search ended first'}"
+                    explained[f"{label}: {count} configurations"] = NotRunReason(
+                        NotRunKind.not_measured, stop=self._stop
                     )
         return explained
 
