@@ -255,6 +255,7 @@ def run(
 
     from autotune.api import RunRequest, make_job
     from autotune.display import Progress, print_report
+    from autotune.summary_text import stopped_line
     from autotune.tuning import tune
 
     request = RunRequest(
@@ -296,7 +297,7 @@ def run(
     print_report(console, report)
     if report.summary.best is None:
         # Nothing to train with: a script or pipeline calling autotune must see that.
-        typer.echo(f"error: no experiment ran ok; stopped: {report.summary.stop_reason}", err=True)
+        typer.echo(f"error: no experiment ran ok; {stopped_line(report.summary)}", err=True)
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
 
 

@@ -12,13 +12,15 @@ from rich.text import Text
 
 from autotune.config.sizes import format_size
 from autotune.metric import PEAK_MEMORY_LABEL
-from autotune.summary_text import not_run_label
+from autotune.summary_text import not_run_label, not_run_text, report_lines
 from autotune.tuner.candidate import Phase
+from autotune.tuning import EventKind
 
 if TYPE_CHECKING:
     from autotune.tuner import TuningSummary
     from autotune.tuner.hardware import Hardware
     from autotune.tuner.plan import PlannedConfig
+    from autotune.tuner.reasons import NotRunReason
     from autotune.tuning import TuningEvent, TuningReport
 
 # What the run is doing while experiments of a phase run, for a person.
@@ -58,16 +60,16 @@ class Progress:
 
     def __call__(self, event: TuningEvent) -> None:
         summary = event.summary
-        if event.kind == "resumed":
+        if event.kind is EventKind.resumed:
             self._log(f"resuming: {summary.num_run} experiments already finished")
-        elif event.kind == "started" and event.candidate is not None:
+        elif event.kind is EventKind.started and event.candidate is not None:
             phase = event.candidate.phase
             if self.quiet and phase != self._logged_phase and phase in DOING:
                 self._log(f"now {DOING[phase]}")  # the live display has a row for it
                 self._logged_phase = phase
             if self.quiet and event.running[1:]:  # several at once: say when each starts
                 self._log(f"{event.candidate.name}: started ({len(event.running)} running)")
-        elif event.kind == "finished" and event.result is not None:
+        elif event.kind is EventKind.finished and event.result is not None:
             result = event.result
             metric = summary.metric
             if result.metrics is not None:
@@ -92,7 +94,7 @@ class Progress:
         table.add_row(
             "experiments",
             f"{done} of at most {summary.search_bound} ({summary.num_failed} failed/oom), "
-            f"{summary.num_pruned} not run",
+            f"{summary.num_not_run} not run",
         )
         doing = "; ".join(DOING[phase] for phase in self.phases if phase in DOING)
         if doing:
@@ -137,40 +139,32 @@ NAMES_PER_REASON = 6
 
 
 def not_run_lines(summary: TuningSummary) -> list[str]:
-    """``not run: N``, then one line per reason: how many, why, and which."""
-    by_reason: dict[str, list[str]] = {}
-    for name, why in summary.pruned.items():
+    """``not run: N``, then one line per reason (its kind and details, not its words): how
+    many, why, and which."""
+    by_reason: dict[NotRunReason, list[str]] = {}
+    for name, why in summary.not_run.items():
         by_reason.setdefault(why, []).append(name)
-    lines = [f"not run: {summary.num_pruned}"]
+    lines = [f"not run: {summary.num_not_run}"]
     for why, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
         shown = ", ".join(not_run_label(name) for name in names[:NAMES_PER_REASON])
         more = f" and {len(names) - NAMES_PER_REASON} more" if len(names) > NAMES_PER_REASON else ""
-        lines.append(f"  {len(names)} {why}: {shown}{more}")
+        lines.append(f"  {len(names)} {not_run_text(why)}: {shown}{more}")
     return lines
 
 
 def print_report(console: Console, report: TuningReport) -> None:
+    """The ranked table, then the report's lines (:func:`autotune.summary_text.report_lines`)."""
     summary = report.summary
     console.print(ranked_table(summary))
-    searched = summary.num_run - summary.num_remeasured
-    console.print(
-        f"{summary.num_run} experiments ({searched} searched, {summary.num_remeasured} "
-        f"re-measured; {report.num_resumed} from earlier runs), {summary.num_failed} failed or "
-        f"out of memory; search stopped: {summary.stop_reason or 'search complete'}",
-        highlight=False,
+    lines = report_lines(
+        summary,
+        report.num_resumed,
+        report.optimal_config_path,
+        report.train_with,
+        not_run_lines(summary),
     )
-    for name, why in summary.failed.items():
-        console.print(f"  {name}: {why}", highlight=False, markup=False)
-    for line in not_run_lines(summary):
+    for line in lines:
         console.print(line, highlight=False, markup=False)
-    for line in summary.notes():
-        console.print(line, highlight=False, markup=False)
-    if report.optimal_config_path is None:
-        console.print("no experiment ran ok; see summary.txt in the results directory")
-        return
-    console.print(f"optimal config: {report.optimal_config_path}", highlight=False)
-    if report.command is not None:
-        console.print(f"train with it: {report.command}", highlight=False, markup=False)
 
 
 def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, source: str) -> None:

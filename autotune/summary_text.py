@@ -1,18 +1,141 @@
-"""The plain-text summary of a tuning run that is written next to ``summary.json``."""
+"""A tuning run's summary in words, rendered here once: ``summary.json``, ``summary.txt``
+and the console's report all take their text from this module, the reasons included (the
+tuner keeps them as data, :mod:`autotune.tuner.reasons`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import EngineName
 from autotune.engines import label as engine_label
+from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
 from autotune.tuner.space import Variant
+from autotune.tuner.summary import AtCap
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from autotune.job import TuningJob
     from autotune.tuner import TuningSummary
+
+# What each stop says, its details filled in by position.
+_STOP_TEXT = {
+    StopKind.trial_cap: "tuner_num_trials ({0}) reached",
+    StopKind.no_better: "no better result in the last {0} experiments",
+    StopKind.model_converged: (
+        "the cost model predicts no configuration left beats the best by more than {0:.0%}"
+    ),
+    StopKind.exhausted: "search space exhausted",
+    StopKind.time_budget: "time budget of {0:g} s",
+    StopKind.time_budget_kept: "time budget of {0:g} s: the rest kept for re-measuring the best",
+    StopKind.time_budget_spent: "time budget of {0:g} s spent",
+    StopKind.same_failure: (
+        "the first {0} experiments all failed with the same error (numbers aside), so every "
+        "other would too: {1}"
+    ),
+    StopKind.step_limit: (
+        "the script ends after {0} optimizer steps whatever the micro-batch (a limit of its "
+        "own, such as --max_steps, not its data), before end_profile_step ({1}): give it more "
+        "steps or lower autotuning.end_profile_step"
+    ),
+}
+
+# What each reason for not running says; {stop} is the stop that left it unrun, if any.
+_NOT_RUN_TEXT = {
+    NotRunKind.variant_rule: "{0}",
+    NotRunKind.config_rule: "{0}",
+    NotRunKind.oom_below: "larger than {0}, which ran out of memory",
+    NotRunKind.out_of_data: (
+        "the script ran out of data at micro-batch {0} ({1}): its loader has fewer batches "
+        "than the profile window needs; pruned in every ZeRO variant"
+    ),
+    NotRunKind.data_bound: "micro-batch {0} or larger, where the script ran out of data ({1})",
+    NotRunKind.failed_sizes: (
+        "not searched: {0} sizes above {1} failed with an error or timeout ({2}), which says "
+        "nothing about memory; list the sizes in train_micro_batch_size_per_gpu to run them"
+    ),
+    NotRunKind.time_budget: "not run: {stop}",
+    NotRunKind.not_reached: "not reached: {stop}",
+    NotRunKind.search_ended: "not reached: the search ended first ({stop})",
+    NotRunKind.not_searched: "not searched: the search ended first",
+    NotRunKind.none_fit: "no micro-batch ran ok",
+    NotRunKind.not_measured: "not measured: {stop}",
+}
+
+# What a reason says of the stop that left it unrun where none did.
+_NO_STOP_TEXT = {
+    NotRunKind.not_reached: "the phase ended",
+    NotRunKind.search_ended: "search complete",
+    NotRunKind.not_measured: "the search ended first",
+}
+
+
+def stop_text(stop: StopReason | None) -> str:
+    """Why the search stopped, in words.
+
+    Example:
+        >>> stop_text(StopReason(StopKind.trial_cap, (5,))), stop_text(None)
+        ('tuner_num_trials (5) reached', 'search complete')
+    """
+    if stop is None:
+        return "search complete"
+    return _STOP_TEXT[stop.kind].format(*stop.details)
+
+
+def not_run_text(reason: NotRunReason) -> str:
+    """Why something did not run, in words.
+
+    Example:
+        >>> not_run_text(NotRunReason(NotRunKind.oom_below, ("z1_mbs8",)))
+        'larger than z1_mbs8, which ran out of memory'
+        >>> not_run_text(NotRunReason(NotRunKind.not_reached))
+        'not reached: the phase ended'
+    """
+    stop = stop_text(reason.stop) if reason.stop else _NO_STOP_TEXT.get(reason.kind, "")
+    return _NOT_RUN_TEXT[reason.kind].format(*reason.details, stop=stop)
+
+
+def not_run_texts(summary: TuningSummary) -> dict[str, str]:
+    """Everything not run, each with why in words (``summary.json``'s ``pruned``)."""
+    return {name: not_run_text(why) for name, why in summary.not_run.items()}
+
+
+def stopped_line(summary: TuningSummary) -> str:
+    """``stopped: ...``, as every output says it."""
+    return f"stopped: {stop_text(summary.stop)}"
+
+
+def summary_json(
+    summary: TuningSummary, optimal_path: Path | None = None, command: str | None = None
+) -> dict[str, Any]:
+    """``summary.json``'s contents: the summary, its reasons in words."""
+    return {
+        "metric": summary.metric.value,
+        "best": summary.best.to_dict() if summary.best else None,
+        "best_overrides": dict(summary.best_overrides),
+        "top_two_within_noise": summary.top_two_within_noise,
+        "best_per_variant": {k: v.to_dict() for k, v in summary.best_per_variant.items()},
+        "ranking": [r.to_dict() for r in summary.ranking],
+        "num_run": summary.num_run,
+        "num_pruned": summary.num_not_run,
+        "num_failed": summary.num_failed,
+        "pruned": not_run_texts(summary),
+        "failed": dict(summary.failed),
+        "tuning_time_s": summary.tuning_time_s,
+        "stop_reason": stop_text(summary.stop) if summary.stop is not None else "",
+        "num_disturbed": summary.num_disturbed,
+        "disturbed_only": list(summary.disturbed_only),
+        "num_remeasured": summary.num_remeasured,
+        "best_at_cap": at_cap_text(summary.best_at_cap) if summary.best_at_cap else None,
+        "short_windows": dict(summary.short_windows),
+        "noise": summary.noise,
+        "num_stopped_early": summary.num_stopped_early,
+        "cost_model": dict(summary.cost_model) if summary.cost_model is not None else None,
+        "num_infrastructure_retries": summary.num_infrastructure_retries,
+        "optimal_config": str(optimal_path) if optimal_path else None,
+        "command": command,
+    }
 
 
 # A whole ZeRO variant among the configurations not run is named by its label (``z3``,
@@ -31,6 +154,105 @@ def not_run_label(name: str) -> str:
     return f"{name} (every micro-batch)" if name in _VARIANT_LABELS else name
 
 
+def notes(summary: TuningSummary) -> list[str]:
+    """What a person should know before acting on the ranking, one line each."""
+    lines = []
+    tied = summary.num_tied
+    noise = f" ({summary.noise:.1%} run to run)" if summary.noise is not None else ""
+    if tied > 2:
+        lines.append(
+            f"note: the top {tied} are within measurement noise of each other{noise}: "
+            "more experiments would not tell them apart"
+        )
+    elif summary.top_two_within_noise:
+        lines.append(f"note: the top two are within measurement noise of each other{noise}")
+    if summary.best_at_cap is not None:
+        lines.append(f"note: {at_cap_text(summary.best_at_cap)}")
+    if summary.num_disturbed:
+        lines.append(
+            f"note: {summary.num_disturbed} measurement"
+            f"{' was' if summary.num_disturbed == 1 else 's were'} taken while other processes "
+            "competed for the ranks' cores; a configuration ranks on its undisturbed ones "
+            "where it has any, and the contenders were measured again"
+        )
+    if summary.short_windows:
+        seconds = sorted(summary.short_windows.values())
+        wanted = math.ceil(summary.window_steps * 0.5 / max(seconds[0], 1e-6))
+        which = "configuration" if len(seconds) == 1 else f"{len(seconds)} configurations"
+        lines.append(
+            f"note: the profile window of {which} lasted {seconds[0]:.2f}-{seconds[-1]:.2f}"
+            " s (median over its runs), too short to rank on (one busy millisecond is a "
+            "large share of it): measured again but not raced. Lengthen it: about "
+            f"{wanted} steps between start_profile_step and end_profile_step (the script "
+            "must run that many)"
+        )
+    if summary.disturbed_only:
+        lines.append(
+            "note: measured only while disturbed (their values too low): "
+            + ", ".join(summary.disturbed_only)
+        )
+    return lines
+
+
+def at_cap_text(at_cap: AtCap) -> str:
+    """Why a larger micro-batch than the best's was never tried.
+
+    Example:
+        >>> at_cap_text(AtCap(64, listed=True))[:60]
+        'the best runs at micro-batch 64, the largest listed in train'
+    """
+    where = (
+        "the largest listed in train_micro_batch_size_per_gpu"
+        if at_cap.listed
+        else "the largest the batch limits allow (autotuning."
+        "max_train_micro_batch_size_per_gpu, max_train_batch_size)"
+    )
+    return (
+        f"the best runs at micro-batch {at_cap.micro_batch_size}, {where}, and fitted: a "
+        "larger one may be faster"
+    )
+
+
+def train_with(job: TuningJob, optimal_path: Path, command: str | None) -> str:
+    """How to train with the best config: ``command`` (a script's, built by the tuning
+    loop), else a workload's way on the engine that measured it."""
+    if command is not None:
+        return command
+    if job.config.autotuning.engine is EngineName.deepspeed:
+        return f"deepspeed train.py --deepspeed_config {optimal_path} (the engine that measured it)"
+    return (
+        f"your DeepSpeed script with --deepspeed_config {optimal_path} (on the built-in engine: "
+        f"autotune exec --nproc {job.world_size} -- train.py ...)"
+    )
+
+
+def report_lines(
+    summary: TuningSummary,
+    num_resumed: int,
+    optimal_path: Path | None,
+    training: str | None,
+    not_run: list[str],
+) -> list[str]:
+    """The console's report under its ranked table: the counts, why the search stopped, the
+    failures, what did not run (``not_run``, grouped for a screen), the notes, and the
+    config to train with (``training``: see :func:`train_with`)."""
+    searched = summary.num_run - summary.num_remeasured
+    lines = [
+        f"{summary.num_run} experiments ({searched} searched, {summary.num_remeasured} "
+        f"re-measured; {num_resumed} from earlier runs), {summary.num_failed} failed or "
+        f"out of memory; {stopped_line(summary)}",
+        *(f"  {name}: {why}" for name, why in summary.failed.items()),
+        *not_run,
+        *notes(summary),
+    ]
+    if optimal_path is None:
+        return [*lines, "no experiment ran ok; see summary.txt in the results directory"]
+    lines.append(f"optimal config: {optimal_path}")
+    if training is not None:
+        lines.append(f"train with it: {training}")
+    return lines
+
+
 def format_summary(
     summary: TuningSummary, optimal_path: Path | None, job: TuningJob, command: str | None = None
 ) -> str:
@@ -40,8 +262,8 @@ def format_summary(
         f"autotune: {job.label} at world size {job.world_size}, metric {metric}",
         f"experiments run: {summary.num_run} ({summary.num_run - summary.num_remeasured} "
         f"searched, {summary.num_remeasured} re-measured; failed {summary.num_failed}), "
-        f"not run: {summary.num_pruned}, tuning time: {summary.tuning_time_s:.0f} s",
-        f"stopped: {summary.stop_reason or 'search complete'}",
+        f"not run: {summary.num_not_run}, tuning time: {summary.tuning_time_s:.0f} s",
+        stopped_line(summary),
     ]
     if summary.num_infrastructure_retries:
         lines.append(
@@ -54,24 +276,11 @@ def format_summary(
         best = summary.best
         shown = summary.metric.display(best.value)
         lines.append(f"best: {best.name}  {metric} {shown} (spread {best.spread:.0%})")
-        lines += summary.notes()
+        lines += notes(summary)
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
-            engine = job.config.autotuning.engine
-            lines.append(f"measured on: {engine_label(engine.value)}")
-            if command is not None:
-                lines.append(f"train with it: {command}")
-            elif engine is EngineName.deepspeed:
-                lines.append(
-                    f"train with it: deepspeed train.py --deepspeed_config {optimal_path} "
-                    "(the engine that measured it)"
-                )
-            else:
-                lines.append(
-                    f"train with it: your DeepSpeed script with --deepspeed_config {optimal_path} "
-                    "(on the built-in engine: autotune exec --nproc "
-                    f"{job.world_size} -- train.py ...)"
-                )
+            lines.append(f"measured on: {engine_label(job.config.autotuning.engine.value)}")
+            lines.append(f"train with it: {train_with(job, optimal_path, command)}")
     if summary.best_per_variant:
         lines.append("best per ZeRO variant:")
         for variant, ranked in summary.best_per_variant.items():
@@ -80,6 +289,8 @@ def format_summary(
     if summary.failed:
         lines.append(f"failed: {summary.num_failed}")
         lines += [f"  {name}: {why}" for name, why in summary.failed.items()]
-    lines.append(f"not run: {summary.num_pruned}")
-    lines += [f"  {not_run_label(name)}: {why}" for name, why in summary.pruned.items()]
+    lines.append(f"not run: {summary.num_not_run}")
+    lines += [
+        f"  {not_run_label(name)}: {not_run_text(why)}" for name, why in summary.not_run.items()
+    ]
     return "\n".join(lines)

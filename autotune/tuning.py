@@ -11,6 +11,7 @@ the moment it finishes, so a crash loses only the experiments in flight.
 
 from __future__ import annotations
 
+import enum
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from autotune.job import (
     measured_model_info,
     workload_model_info,
 )
-from autotune.results import ResultsDir
-from autotune.summary_text import format_summary
+from autotune.results import Proposal, ResultsDir
+from autotune.summary_text import format_summary, summary_json, train_with
 from autotune.tuner import Candidate, Tuner, TuningSummary
 
 if TYPE_CHECKING:
@@ -66,11 +67,20 @@ class ConcurrentRunner(Protocol):
         ...
 
 
+class EventKind(str, enum.Enum):
+    """What happened: a run resumed from its results directory, an experiment started or
+    finished."""
+
+    resumed = "resumed"
+    started = "started"
+    finished = "finished"
+
+
 @dataclass(frozen=True)
 class TuningEvent:
     """Progress, for displays: an experiment started or finished."""
 
-    kind: str  # "resumed" | "started" | "finished"
+    kind: EventKind
     candidate: Candidate | None
     result: ExperimentResult | None
     summary: TuningSummary
@@ -87,6 +97,7 @@ class TuningReport:
     num_resumed: int
     num_run_now: int
     command: str | None = None  # script mode: the command that trains with the best
+    train_with: str | None = None  # how to train with the best (see summary_text.train_with)
 
 
 def tune(
@@ -120,10 +131,9 @@ def tune(
     with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:
             info = measured_model_info(results.results(), job.world_size)
-        replayed = make_tuner(job, info, results)
-        tuner = replayed.tuner
-        if replayed.history:
-            notify(TuningEvent("resumed", None, None, tuner.summary()))
+        tuner, history = make_tuner(job, info, results)
+        if history:
+            notify(TuningEvent(EventKind.resumed, None, None, tuner.summary()))
 
         def make_spec(candidate: Candidate) -> ExperimentSpec:
             return experiment_spec(
@@ -140,26 +150,23 @@ def tune(
                 tuner.learn_model(info)
 
         run_now = _run_to_the_end(
-            replayed, results, _Slots(runner, job, max_concurrent), make_spec, learn, notify
+            tuner, results, _Slots(runner, job, max_concurrent), make_spec, learn, notify
         )
         summary = tuner.summary()
         optimal = tuner.optimal_config()
-        optimal_path, command = None, None
+        optimal_path, command, training = None, None, None
         if optimal is not None:
             optimal_path = results.write_optimal(optimal_as_read(job, summary, optimal))
             command = training_command(job, optimal, optimal_path)
             if command is not None:
                 results.write_command(command)
+            training = train_with(job, optimal_path, command)
         results.write_summary(
-            {
-                **summary.to_dict(),
-                "optimal_config": str(optimal_path) if optimal_path else None,
-                "command": command,
-            },
+            summary_json(summary, optimal_path, command),
             format_summary(summary, optimal_path, job, command),
         )
     return TuningReport(
-        summary, job.results_path, optimal_path, len(replayed.history), run_now, command
+        summary, job.results_path, optimal_path, len(history), run_now, command, training
     )
 
 
@@ -184,7 +191,7 @@ def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: P
 
 
 def _run_to_the_end(
-    replayed: _Replayed,
+    tuner: Tuner,
     results: ResultsDir,
     slots: _Slots,
     make_spec: Callable[[Candidate], ExperimentSpec],
@@ -198,9 +205,8 @@ def _run_to_the_end(
     returning None with experiments in flight means "wait for a result", so the loop waits
     for one and asks again.
     """
-    tuner, owed, next_proposal = replayed.tuner, replayed.owed, replayed.next_proposal
     run_now = 0
-    in_flight: dict[str, tuple[ExperimentSpec, Candidate, int]] = {}
+    in_flight: dict[str, tuple[ExperimentSpec, Candidate, Proposal]] = {}
 
     def running() -> tuple[Candidate, ...]:
         return tuple(candidate for _, candidate, _ in in_flight.values())
@@ -209,65 +215,64 @@ def _run_to_the_end(
         while True:
             while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
                 spec = make_spec(candidate)
-                proposed = owed.pop(spec.name, None)  # run again: keeps its first number
-                if proposed is None:
-                    proposed, next_proposal = next_proposal, next_proposal + 1
-                results.start(spec, {"proposed": proposed})
+                proposal = _proposal(candidate)
+                results.start(spec, proposal)
                 slots.runner.submit(spec)
-                in_flight[spec.name] = (spec, candidate, proposed)
-                notify(TuningEvent("started", candidate, None, tuner.summary(), running()))
+                in_flight[spec.name] = (spec, candidate, proposal)
+                notify(TuningEvent(EventKind.started, candidate, None, tuner.summary(), running()))
             if not in_flight:  # the tuner asks for nothing and waits for nothing: done
                 return run_now
             for result in slots.runner.wait():
-                spec, candidate, proposed = in_flight.pop(result.name)
-                extra = {
-                    "phase": candidate.phase.value,
-                    "repeat_of": candidate.repeat_of,
-                    "proposed": proposed,
-                }
-                results.record(spec, result, extra)
+                spec, candidate, proposal = in_flight.pop(result.name)
+                results.record(spec, result, proposal)
                 tuner.tell(result)
                 run_now += 1
                 on_result(result)
-                notify(TuningEvent("finished", candidate, result, tuner.summary(), running()))
+                notify(
+                    TuningEvent(EventKind.finished, candidate, result, tuner.summary(), running())
+                )
     except BaseException:
         slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
         raise
 
 
-def _replay(
-    tuner: Tuner, results: ResultsDir
-) -> tuple[list[ExperimentResult], dict[str, int], int]:
+def _proposal(candidate: Candidate) -> Proposal:
+    """How the tuner proposed ``candidate``, for the results log."""
+    assert candidate.number is not None, "the tuner numbers what it proposes"
+    return Proposal(candidate.number, candidate.phase.value, candidate.repeat_of)
+
+
+def _number_of(record: Mapping[str, Any]) -> int | None:
+    """The number a log line's experiment was proposed as (None: no proposal on it)."""
+    proposal = Proposal.of(record)
+    return None if proposal is None else proposal.number
+
+
+def _replay(tuner: Tuner, results: ResultsDir) -> list[ExperimentResult]:
     """Tell ``tuner`` what an earlier run did, in the order it proposed it: the finished
-    experiments (the log), and those it left running (started, never finished). Returns the
-    finished ones, the proposal number of each unfinished one, and the next number.
+    experiments (the log), and those it left running (started, never finished), which the
+    tuner owes a run and numbers as before. Returns the finished ones.
 
     The log holds experiments in the order they finished, which differs from the order they
     were proposed when several ran at once; early stopping counts in proposal order, so
     replaying in it, with the unfinished ones in their places, makes the resumed run decide
-    as the interrupted one would have. A log line without ``proposed`` (an older run) keeps
-    its place.
+    as the interrupted one would have. A line the tuning loop did not write (no proposal)
+    goes first, in log order.
     """
-    events: list[tuple[int, ExperimentResult | str]] = [
-        (record.get("proposed", index), ExperimentResult.from_dict(record))
-        for index, record in enumerate(results.records())
+    # (number, finished result or unfinished name); a line without a proposal sorts first
+    events: list[tuple[int | None, ExperimentResult | str]] = [
+        (_number_of(record), ExperimentResult.from_dict(record)) for record in results.records()
     ]
-    owed = {
-        name: int(started["proposed"])
-        for name, started in results.unfinished().items()
-        if "proposed" in started
-    }
-    events += [(number, name) for name, number in owed.items()]
-    events.sort(key=lambda event: event[0])
+    events += [(proposal.number, name) for name, proposal in results.unfinished().items()]
+    events.sort(key=lambda event: -1 if event[0] is None else event[0])
     history = []
-    for _, event in events:
+    for number, event in events:
         if isinstance(event, str):
-            tuner.owe(event)
+            tuner.owe(event, number)
         else:
-            tuner.tell(event)
+            tuner.tell(event, number)
             history.append(event)
-    next_proposal = max((number for number, _ in events), default=-1) + 1
-    return history, owed, next_proposal
+    return history
 
 
 class _OneAtATime:
@@ -319,8 +324,11 @@ class _Slots:
         return max(1, min(fits, self._max_concurrent or fits))
 
 
-def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> _Replayed:
-    """A tuner for ``job`` that has been told what ``results`` holds (see :func:`_replay`)."""
+def make_tuner(
+    job: TuningJob, info: ModelInfo | None, results: ResultsDir
+) -> tuple[Tuner, list[ExperimentResult]]:
+    """A tuner for ``job`` that has been told what ``results`` holds (see :func:`_replay`),
+    and the finished experiments it was told, in the order they were proposed."""
     tuner = Tuner(
         job.config,
         info,
@@ -329,15 +337,4 @@ def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> _
         started=job.started_s,
         hardware=job_hardware(),
     )
-    history, owed, next_proposal = _replay(tuner, results)
-    return _Replayed(tuner, history, owed, next_proposal)
-
-
-@dataclass
-class _Replayed:
-    """A tuner told an earlier run's experiments, and what the loop needs to go on."""
-
-    tuner: Tuner
-    history: list[ExperimentResult]  # finished experiments, in the order they were proposed
-    owed: dict[str, int]  # unfinished ones: their proposal numbers
-    next_proposal: int
+    return tuner, _replay(tuner, results)

@@ -14,7 +14,8 @@ from autotune.display import Progress, not_run_lines
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.tuner import TuningSummary
 from autotune.tuner.candidate import Phase
-from autotune.tuning import TuningEvent, tune
+from autotune.tuner.reasons import NotRunKind, NotRunReason
+from autotune.tuning import EventKind, TuningEvent, tune
 from tests.fake_cluster import FakeCluster
 from tests.runner.sim_cluster import config_metrics, tuning_job
 
@@ -54,7 +55,7 @@ def test_the_status_says_what_the_run_is_doing_and_bounds_every_experiment(
 
     def watch(event: TuningEvent) -> None:
         progress(event)
-        if event.kind == "started" and event.candidate is not None:
+        if event.kind is EventKind.started and event.candidate is not None:
             rendered = io.StringIO()
             Console(file=rendered, width=200).print(progress._status(event.summary))
             shown.setdefault(event.candidate.phase, rendered.getvalue())
@@ -83,14 +84,15 @@ def test_a_zero_variant_not_run_is_named_as_the_whole_variant() -> None:
         top_two_within_noise=None,
         num_run=0,
         num_failed=0,
-        pruned={
-            "z3": "not reached: the search ended first",
-            "z3_mbs4": "not reached: the search ended first",
-            "z2_ocpu": "pruned by the memory estimate",
+        not_run={
+            "z3": NotRunReason(NotRunKind.search_ended),
+            "z3_mbs4": NotRunReason(NotRunKind.search_ended),
+            "z2_ocpu": NotRunReason(NotRunKind.variant_rule, ("pruned by the memory estimate",)),
         },
     )
     assert not_run_lines(summary) == [
         "not run: 3",
-        "  2 not reached: the search ended first: z3 (every micro-batch), z3_mbs4",
+        "  2 not reached: the search ended first (search complete): z3 (every micro-batch), "
+        "z3_mbs4",
         "  1 pruned by the memory estimate: z2_ocpu (every micro-batch)",
     ]

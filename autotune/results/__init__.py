@@ -13,10 +13,11 @@ from autotune.results.plots import (
     pareto_front,
     throughput_vs_memory,
 )
-from autotune.results.store import ResultsDir, ResultsDirError
+from autotune.results.store import Proposal, ResultsDir, ResultsDirError
 
 __all__ = [
     "DirectoryLock",
+    "Proposal",
     "ResultsDir",
     "ResultsDirError",
     "ResultsLockedError",

@@ -13,7 +13,13 @@ from autotune.config.keys import get_key
 from autotune.experiment import ExperimentResult, Status, Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.profiling.interference import is_disturbed
-from autotune.results.store import FINGERPRINT_NAME, LOG_NAME, ResultsDir, ResultsDirError
+from autotune.results.store import (
+    FINGERPRINT_NAME,
+    LOG_NAME,
+    Proposal,
+    ResultsDir,
+    ResultsDirError,
+)
 from autotune.script_target import ScriptTarget
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, ranking
@@ -192,7 +198,7 @@ def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any
         "duration_s": timings.get("total_s"),
         "overhead_s": Timings(**timings).overhead_s if "total_s" in timings else None,
         "node_ids": tuple(record.get("node_ids") or ()),
-        "repeat_of": record.get("repeat_of"),
+        "repeat_of": proposal.repeat_of if (proposal := Proposal.of(record)) else None,
         "target": record.get("target", job_target),
         "engine": record.get("engine", "builtin"),  # logs before the choice: builtin
     }

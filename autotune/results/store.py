@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,34 @@ STARTED_NAME = "started.json"
 
 class ResultsDirError(ValueError):
     """The results directory cannot be used as asked (one line, names the directory)."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """How the tuner proposed an experiment, as its log line and ``started.json`` keep it
+    (the keys ``proposed``, ``phase``, ``repeat_of``): read through :meth:`of`, never by key.
+
+    Attributes:
+        number: its place in the order the tuner proposed experiments (a resumed run replays
+            the log in it).
+        phase: the tuner phase that proposed it (``max_micro_batch``, ``model``, ...).
+        repeat_of: for a re-measurement, the configuration it measures again.
+    """
+
+    number: int
+    phase: str
+    repeat_of: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"proposed": self.number, "phase": self.phase, "repeat_of": self.repeat_of}
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> Proposal | None:
+        """The proposal a log line or ``started.json`` carries (None: a line the tuning loop
+        did not write, such as a runner's own)."""
+        if "proposed" not in record:
+            return None
+        return cls(int(record["proposed"]), str(record["phase"]), record.get("repeat_of"))
 
 
 class ResultsDir:
@@ -183,34 +212,36 @@ class ResultsDir:
     def experiment_dir(self, name: str) -> Path:
         return self.path / EXPS_DIR / name
 
-    def start(self, spec: ExperimentSpec, started: Mapping[str, Any] | None = None) -> Path:
+    def start(self, spec: ExperimentSpec, proposal: Proposal | None = None) -> Path:
         """Prepare an experiment's folder (its config) before it runs; returns the folder.
 
-        ``started`` is kept as ``started.json`` for :meth:`unfinished` (the tuning loop keeps
-        the order experiments were proposed in it).
+        ``proposal`` is kept as ``started.json`` for :meth:`unfinished`.
         """
         folder = self.experiment_dir(spec.name)
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(folder / CONFIG_NAME, dict(spec.config_read))
         atomic_write_json(folder / "spec.json", spec.to_dict())
-        if started is not None:
-            atomic_write_json(folder / STARTED_NAME, dict(started))
+        if proposal is not None:
+            atomic_write_json(folder / STARTED_NAME, proposal.to_dict())
         return folder
 
-    def unfinished(self) -> dict[str, dict[str, Any]]:
-        """Experiments started (with ``started``) but never recorded: running when a run was
-        interrupted. By name, what was given to :meth:`start`."""
+    def unfinished(self) -> dict[str, Proposal]:
+        """Experiments started with a proposal but never recorded: running when a run was
+        interrupted. By name, the proposal given to :meth:`start`."""
         finished = self.finished_names()
         found = {}
         for path in sorted((self.path / EXPS_DIR).glob(f"*/{STARTED_NAME}")):
             if path.parent.name not in finished:
-                found[path.parent.name] = json.loads(path.read_text(encoding="utf-8"))
+                proposal = Proposal.of(json.loads(path.read_text(encoding="utf-8")))
+                if proposal is not None:
+                    found[path.parent.name] = proposal
         return found
 
     def record(
-        self, spec: ExperimentSpec, result: ExperimentResult, extra: Mapping[str, Any] | None = None
+        self, spec: ExperimentSpec, result: ExperimentResult, proposal: Proposal | None = None
     ) -> None:
-        """Store a finished experiment: its files first, then its log line (the commit point)."""
+        """Store a finished experiment: its files first, then its log line (the commit point),
+        with how the tuner proposed it (see :class:`Proposal`)."""
         folder = self.experiment_dir(spec.name)
         if not (folder / "spec.json").exists():  # a runner that skipped start()
             self.start(spec)
@@ -222,7 +253,7 @@ class ResultsDir:
             "target": spec.target,
             "engine": spec.engine,
             "ds_config": dict(spec.ds_config),
-            **dict(extra or {}),
+            **(proposal.to_dict() if proposal is not None else {}),
         }
         append_line(self.path / LOG_NAME, json.dumps(line, separators=(",", ":")))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.experiment import Status
 from autotune.tuner.ledger import Ledger
+from autotune.tuner.reasons import NotRunKind, NotRunReason
 from autotune.tuner.space import Variant
 
 # Experiments that all failed with the same error, and none ok, that end the run: a failure
@@ -87,31 +88,26 @@ class Bounds:
             return None
         return ceiling if entry.micro_batch_size >= self._size(ceiling) else None
 
-    def pruned(self) -> dict[str, str]:
+    def pruned(self) -> dict[str, NotRunReason]:
         """Why each configuration considered and not run that a bound prunes is pruned: the
         data bound (once for all variants, then each configuration), then an ``oom`` below."""
         return {**self._pruned_by_data(), **self._pruned_by_oom()}
 
-    def _pruned_by_oom(self) -> dict[str, str]:
+    def _pruned_by_oom(self) -> dict[str, NotRunReason]:
         return {
-            name: f"larger than {floor}, which ran out of memory"
+            name: NotRunReason(NotRunKind.oom_below, (floor,))
             for name in self._ledger.entries
             if name not in self._ledger.results and (floor := self.oom_pruner(name)) is not None
         }
 
-    def _pruned_by_data(self) -> dict[str, str]:
+    def _pruned_by_data(self) -> dict[str, NotRunReason]:
         ceiling = self.data_ceiling()
         if ceiling is None:
             return {}
         size = self._size(ceiling)
-        pruned = {
-            f"micro-batch >= {size}": (
-                f"the script ran out of data at micro-batch {size} ({ceiling}): its loader has "
-                "fewer batches than the profile window needs; pruned in every ZeRO variant"
-            )
-        }
+        pruned = {f"micro-batch >= {size}": NotRunReason(NotRunKind.out_of_data, (size, ceiling))}
         pruned.update(
-            (name, f"micro-batch {size} or larger, where the script ran out of data ({ceiling})")
+            (name, NotRunReason(NotRunKind.data_bound, (size, ceiling)))
             for name in self._ledger.entries
             if name not in self._ledger.results and self.data_pruner(name) is not None
         )

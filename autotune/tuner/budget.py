@@ -103,9 +103,9 @@ class TimeBudget:
         return self._seconds is not None and self.elapsed_s >= self._seconds
 
     @property
-    def reason(self) -> str:
-        """What ends the run when the budget does: ``"time budget of 60 s"``."""
-        return f"time budget of {self._seconds:g} s"
+    def seconds(self) -> float | None:
+        """``time_budget_s`` (None: no budget)."""
+        return self._seconds
 
     def asked(self) -> None:
         """A candidate went out: the first marks the end of the run's start-up."""

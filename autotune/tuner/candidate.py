@@ -46,6 +46,8 @@ class Candidate:
         repeat_of: for a re-measurement, the name of the original.
         stop_above_step_s: the step time above which it cannot come within the tolerance of
             the best so far: its window ends there (None: the whole window runs).
+        number: its place in the order the tuner proposed experiments, kept across resumed
+            runs (None: not proposed yet).
     """
 
     name: str
@@ -54,6 +56,7 @@ class Candidate:
     phase: Phase
     repeat_of: str | None = None
     stop_above_step_s: float | None = None
+    number: int | None = None
 
     @property
     def stage(self) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 
 from autotune.tuner.bounds import Bounds
 from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.reasons import NotRunKind, NotRunReason
 from autotune.tuner.samplers import Point
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan, recommended_point
 
@@ -17,8 +18,6 @@ class Catalog:
 
     Attributes:
         space: the space searched now.
-        pruned: variant label or name → why it never runs (the memory estimate, a config
-            rule, a search that never reached it).
         size_names: the name of every micro-batch run at the config's own knobs, of any
             variant of any space searched (with or without the model's size), → its variant
             and size: a result told from history is known by it.
@@ -28,14 +27,14 @@ class Catalog:
         self._ledger = ledger
         self._bounds = bounds
         self.space = space
-        self.pruned: dict[str, str] = {}
         self.size_names: dict[str, tuple[Variant, int]] = {}
         self.use_space(space)
 
     def use_space(self, space: TuningSpace) -> None:
         """Search ``space`` from now on; what it prunes stays pruned."""
         self.space = space
-        self.pruned.update(space.pruned)
+        for label, why in space.pruned.items():
+            self._ledger.rule_out_variant(label, NotRunReason(NotRunKind.variant_rule, (why,)))
         self.add_size_names(space)
 
     def add_size_names(self, space: TuningSpace) -> None:
@@ -54,37 +53,30 @@ class Catalog:
         name = self.name_of(variant, size, knobs)
         if name not in self._ledger.entries:
             overrides = self.space.overrides(variant, size, dict(knobs))
-            self._ledger.entries[name] = Entry(variant, size, knobs, overrides)
+            self._ledger.register(name, Entry(variant, size, knobs, overrides))
             self._bounds.note(name)
         return name
 
-    def entry(self, name: str) -> Entry | None:
-        """The configuration ``name`` names, registering a micro-batch run told from history."""
+    def register_size_run(self, name: str) -> bool:
+        """Register ``name`` if it names a micro-batch run of a space searched (one told from
+        history, or owed, may be of a space searched before the model's size was known);
+        whether the ledger knows it now."""
         if name not in self._ledger.entries and name in self.size_names:
             self.register(*self.size_names[name], ())
-        return self._ledger.entries.get(name)
+        return name in self._ledger.entries
 
     def recommended(self, plan: VariantPlan) -> Point | None:
         """The knob point practice recommends for ``plan`` (see :func:`recommended_point`)."""
         values = recommended_point(plan.knobs, self.space.base)
         return None if values is None else Point(plan.variant.label, values)
 
-    def is_free(self, name: str) -> bool:
-        """Neither run nor in flight."""
-        return name not in self._ledger.results and name not in self._ledger.pending
-
     def is_open(self, name: str) -> bool:
         """Free, and nothing prunes it."""
         return (
-            self.is_free(name)
-            and name not in self.pruned
+            self._ledger.may_propose(name)
             and not self._bounds.oom_pruner(name)
             and not self._bounds.data_pruner(name)
         )
-
-    def is_open_repeat(self, name: str) -> bool:
-        """A re-measurement that may run: free, and no rule rejected it."""
-        return self.is_free(name) and name not in self.pruned
 
     def name_of(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
         """The name of ``variant`` at micro-batch ``size`` with ``knobs``, not registered."""

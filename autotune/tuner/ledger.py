@@ -1,13 +1,16 @@
-"""What the tuner has seen: every configuration it may propose, by name, and every result told.
+"""What the tuner has seen: every configuration it may propose, by name, and one record per
+name of where it stands (:class:`Trial`), numbered in the order it was proposed.
 
-The tuner's parts (the search for each variant's largest micro-batch, the bounds failures
-set, re-measurement, the time budget) decide from this record; only the tuner writes to it.
+The ledger is the one owner of that state: the tuner's parts (the search for each variant's
+largest micro-batch, the bounds failures set, re-measurement, the time budget) read it through
+read-only views and change it only through its methods, as Optuna's storage owns its trials.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.config import Metric
@@ -15,6 +18,7 @@ from autotune.experiment import ExperimentResult
 from autotune.tuner.candidate import Candidate
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, rank, score
+from autotune.tuner.reasons import NotRunReason
 from autotune.tuner.space import Variant
 
 
@@ -28,29 +32,201 @@ class Entry:
     overrides: Mapping[str, Any]
 
 
+class TrialState(str, enum.Enum):
+    """Where an experiment stands; a name without a trial is open (nothing decided yet)."""
+
+    proposed = "proposed"  # numbered, not running: an interrupted run's, owed a run
+    running = "running"
+    finished = "finished"  # with a result of any status
+    not_run = "not_run"  # with the reason
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One experiment's record (a configuration's, or one of its re-measurements).
+
+    Attributes:
+        name: the experiment's name.
+        state: where it stands.
+        number: its place in the order experiments were proposed (None: never proposed).
+        candidate: what was handed out to run it (while ``running``).
+        result: what it measured (once ``finished``).
+        reason: why it did not run (``not_run``).
+        final: ``not_run`` for good (a config rule rejects it); else a later phase may
+            still propose it (its own phase merely ended before it).
+    """
+
+    name: str
+    state: TrialState
+    number: int | None = None
+    candidate: Candidate | None = None
+    result: ExperimentResult | None = None
+    reason: NotRunReason | None = None
+    final: bool = False
+
+
 class Ledger:
-    """The configurations (``entries``), the experiments in flight (``pending``) and the
-    results (``results``, told in ``order``)."""
+    """The configurations (``entries``) and one :class:`Trial` per experiment name, with
+    read-only views of those running (``pending``), finished (``results``, told in ``order``)
+    and numbered (``proposed``)."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, Entry] = {}
-        self.pending: dict[str, Candidate] = {}
-        self.results: dict[str, ExperimentResult] = {}
-        self.order: list[str] = []  # names in the order they were told
+        self._entries: dict[str, Entry] = {}
+        self._trials: dict[str, Trial] = {}
+        self._proposed: list[str] = []  # by number
+        self._next_number = 0
+        # Views of the trials kept as they change, since every decision reads them.
+        self._pending: dict[str, Candidate] = {}
+        self._results: dict[str, ExperimentResult] = {}
+        self._order: list[str] = []  # names in the order they were told
         # Micro-batch runs at the config's own knobs, per variant: size → result.
-        self.size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
+        self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
+        self._ruled_out_variants: dict[str, NotRunReason] = {}
 
-    def record(self, result: ExperimentResult, entry: Entry | None) -> None:
-        """Keep a result told, of ``entry``'s configuration (None: one the tuner never
-        registered)."""
-        self.results[result.name] = result
-        self.order.append(result.name)
+    # --- reading ------------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> Mapping[str, Entry]:
+        return self._entries
+
+    @property
+    def pending(self) -> Mapping[str, Candidate]:
+        """Experiments running now, by name."""
+        return self._pending
+
+    @property
+    def results(self) -> Mapping[str, ExperimentResult]:
+        """Experiments finished, by name."""
+        return self._results
+
+    @property
+    def order(self) -> Sequence[str]:
+        """Names finished, in the order they were told."""
+        return self._order
+
+    @property
+    def proposed(self) -> Sequence[str]:
+        """Every name proposed, by number: run, running or owed."""
+        return self._proposed
+
+    def trial(self, name: str) -> Trial | None:
+        """``name``'s record (None: nothing decided about it yet)."""
+        return self._trials.get(name)
+
+    def owed(self) -> Iterable[str]:
+        """Names an interrupted run proposed and never finished, not running yet, by number."""
+        return (n for n in self._proposed if self._trials[n].state is TrialState.proposed)
+
+    def not_run(self) -> Iterable[Trial]:
+        """The experiments decided against, in the order decided."""
+        return (t for t in self._trials.values() if t.state is TrialState.not_run)
+
+    @property
+    def ruled_out_variants(self) -> Mapping[str, NotRunReason]:
+        """Variant label → why none of its configurations runs."""
+        return self._ruled_out_variants
+
+    def is_free(self, name: str) -> bool:
+        """Neither run nor in flight."""
+        return name not in self._results and name not in self._pending
+
+    def may_propose(self, name: str) -> bool:
+        """Free, and no rule rejected it (one its phase did not reach may still run)."""
+        trial = self._trials.get(name)
+        return self.is_free(name) and not (trial is not None and trial.final)
+
+    def is_undecided(self, name: str) -> bool:
+        """Nothing decided about ``name`` yet: never proposed, run or ruled out."""
+        trial = self._trials.get(name)
+        return trial is None or trial.state is TrialState.proposed
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def register(self, name: str, entry: Entry) -> None:
+        """Know ``name`` as ``entry``'s configuration (the first registration stays)."""
+        self._entries.setdefault(name, entry)
+
+    def propose(self, candidate: Candidate) -> Candidate:
+        """``candidate`` is running; returned numbered (an owed one keeps its number)."""
+        trial = self._trials.get(candidate.name)
+        number = trial.number if trial is not None else None
+        if number is None:
+            number = self._number(candidate.name)
+        candidate = replace(candidate, number=number)
+        self._trials[candidate.name] = Trial(
+            candidate.name, TrialState.running, number, candidate=candidate
+        )
+        self._pending[candidate.name] = candidate
+        return candidate
+
+    def owe(self, name: str, number: int | None = None) -> bool:
+        """An interrupted run proposed ``name`` (as ``number``, None: next) and never
+        finished it: it waits to run. False (and nothing changes) where it was already
+        proposed."""
+        trial = self._trials.get(name)
+        if trial is not None and trial.number is not None:
+            return False
+        self._trials[name] = Trial(name, TrialState.proposed, self._number(name, number))
+        return True
+
+    def record(self, result: ExperimentResult, number: int | None = None) -> bool:
+        """Keep a result told; one told from history (not running) keeps the ``number`` it
+        was proposed as (None: the next), or its own if it was owed. False (and nothing
+        changes) where ``result.name`` was told before."""
+        name = result.name
+        if name in self._results:
+            return False
+        trial = self._trials.get(name)
+        known = trial.number if trial is not None else None
+        number = known if known is not None else self._number(name, number)
+        self._trials[name] = Trial(name, TrialState.finished, number, result=result)
+        self._pending.pop(name, None)
+        self._results[name] = result
+        self._order.append(name)
+        entry = self._entries.get(name)
         if entry is not None and not entry.knobs:
-            self.size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
+            self._size_runs.setdefault(entry.variant, {})[entry.micro_batch_size] = result
+        return True
+
+    def rule_out(self, name: str, reason: NotRunReason) -> None:
+        """``name`` never runs: a rule rejects it."""
+        trial = self._trials.get(name)
+        number = trial.number if trial is not None else None
+        self._trials[name] = Trial(name, TrialState.not_run, number, reason=reason, final=True)
+
+    def leave_unreached(
+        self, name: str, reason: NotRunReason, *, replace_reason: bool = False
+    ) -> None:
+        """``name``'s phase ended before it ran, for ``reason``; the first reason stays unless
+        ``replace_reason``. A later phase may still propose it."""
+        state = self._trials[name].state if name in self._trials else None
+        keep = state is TrialState.not_run and not replace_reason
+        if keep or state in (TrialState.running, TrialState.finished):
+            return
+        number = self._trials[name].number if name in self._trials else None
+        self._trials[name] = Trial(name, TrialState.not_run, number, reason=reason)
+
+    def rule_out_variant(
+        self, label: str, reason: NotRunReason, *, replace_reason: bool = True
+    ) -> None:
+        """No configuration of the variant ``label`` runs, for ``reason``."""
+        if replace_reason or label not in self._ruled_out_variants:
+            self._ruled_out_variants[label] = reason
+
+    def _number(self, name: str, number: int | None = None) -> int:
+        """Number ``name``: as an earlier run did (history is told in its order, so numbers
+        only grow; one already passed, of a log line written out of order, takes the next),
+        else the next."""
+        number = self._next_number if number is None else max(number, self._next_number)
+        self._proposed.append(name)
+        self._next_number = number + 1
+        return number
+
+    # --- what the results say -----------------------------------------------------------------
 
     def runs_of(self, variant: Variant) -> Mapping[int, ExperimentResult]:
         """``variant``'s micro-batch runs at the config's own knobs: size → result."""
-        return self.size_runs.get(variant, {})
+        return self._size_runs.get(variant, {})
 
     def largest_fit(self, variant: Variant) -> int | None:
         """The largest micro-batch of ``variant`` that ran ok (None: none yet)."""
@@ -58,15 +234,15 @@ class Ledger:
 
     def search_results(self) -> Iterable[str]:
         """Names told that are no re-measurement, in the order told."""
-        return (n for n in self.order if split_repeat(n)[1] == 0)
+        return (n for n in self._order if split_repeat(n)[1] == 0)
 
     def ranked(self, results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
         """``results`` ranked on ``metric``, the configurations the tuner knows only."""
-        return [r for r in rank(results, metric) if r.name in self.entries]
+        return [r for r in rank(results, metric) if r.name in self._entries]
 
     def best_search_result(self, metric: Metric) -> str | None:
         """The best configuration the search measured (re-measurements left out)."""
-        ranking = self.ranked((self.results[n] for n in self.search_results()), metric)
+        ranking = self.ranked((self._results[n] for n in self.search_results()), metric)
         return ranking[0].name if ranking else None
 
     def best_score(self, variant: Variant, metric: Metric) -> float | None:
@@ -74,11 +250,11 @@ class Ledger:
         return max(
             (
                 score(r.metrics, metric)
-                for name, r in self.results.items()
+                for name, r in self._results.items()
                 if r.ok
                 and r.metrics
-                and name in self.entries
-                and self.entries[name].variant == variant
+                and name in self._entries
+                and self._entries[name].variant == variant
             ),
             default=None,
         )

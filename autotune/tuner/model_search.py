@@ -289,11 +289,11 @@ class ModelSearch:
     def open_indices(self) -> list[int]:
         """The configurations that may still run: neither run nor in flight, not pruned, and
         below any micro-batch that ran out of memory (same variant and knobs) or out of data."""
-        catalog, pruned = self._catalog, self._catalog.pruned
+        ruled_out = self._ledger.ruled_out_variants
         data = self._bounds.data_ceiling_size()
         result = []
         for (variant, knobs), indices in self._groups.items():
-            if variant.label in pruned:
+            if variant.label in ruled_out:
                 continue
             ceiling = self._bounds.oom_floor_size(variant, knobs)
             if data is not None:
@@ -302,7 +302,7 @@ class ModelSearch:
                 name = self._names[i]
                 if ceiling is not None and self._keys[i][1] >= ceiling:
                     continue
-                if catalog.is_free(name) and name not in pruned:
+                if self._ledger.may_propose(name):
                     result.append(i)
         return result
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import AutotuningConfig, TunerType
@@ -22,6 +22,7 @@ from autotune.tuner.catalog import Catalog
 from autotune.tuner.ledger import Ledger
 from autotune.tuner.prior import best_micro_batch, variant_order
 from autotune.tuner.ranking import score
+from autotune.tuner.reasons import NotRunKind, NotRunReason
 from autotune.tuner.samplers import Subspace
 from autotune.tuner.space import TuningSpace, VariantPlan
 
@@ -106,25 +107,21 @@ def _probe_in(
     return gap[len(gap) // 2]
 
 
-def failed_sizes_bound(plans: Sequence[VariantPlan], ledger: Ledger) -> dict[str, str]:
+def failed_sizes_bound(plans: Sequence[VariantPlan], ledger: Ledger) -> dict[str, NotRunReason]:
     """Where a default-ladder search stopped after :data:`MAX_FAILED_SIZES` errors and
     timeouts above its largest fit: the sizes above the first of them it never tried."""
     bounds = {}
     for plan in plans:
         fit = ledger.largest_fit(plan.variant)
         runs = ledger.runs_of(plan.variant)
-        if not stepped_over_enough(plan, runs, fit):
+        if fit is None or not stepped_over_enough(plan, runs, fit):
             continue
-        failed = sorted(
-            s for s, r in runs.items() if fit is not None and s > fit and fails_alone(r)
-        )
+        failed = sorted(s for s, r in runs.items() if s > fit and fails_alone(r))
         untried = [s for s in plan.ladder if s > failed[0] and s not in runs]
         if not untried:
             continue
-        bounds[f"{plan.variant.label} micro-batch > {failed[0]}"] = (
-            f"not searched: {len(failed)} sizes above {fit} failed with an error or timeout "
-            f"({', '.join(map(str, failed))}), which says nothing about memory; list the "
-            "sizes in train_micro_batch_size_per_gpu to run them"
+        bounds[f"{plan.variant.label} micro-batch > {failed[0]}"] = NotRunReason(
+            NotRunKind.failed_sizes, (len(failed), fit, ", ".join(map(str, failed)))
         )
     return bounds
 
@@ -206,7 +203,7 @@ class SizeSearch:
             size = self.size(plan)
             if size is not None:
                 name = self._catalog.register(plan.variant, size, ())
-                if self._catalog.is_free(name):
+                if self._ledger.is_free(name):
                     return name
                 continue
             largest = self._ledger.largest_fit(plan.variant)
@@ -220,19 +217,18 @@ class SizeSearch:
                     return favourite
         return None
 
-    def next_owed(self, proposed: Iterable[str], owed: Container[str]) -> str | None:
-        """A micro-batch probe an interrupted run had in flight (``owed``, among those
-        ``proposed``), where the search it belongs to is still open: it goes first, as it would
-        have finished first, even if the plan changed since it was proposed (the model's size
-        learnt meanwhile)."""
+    def next_owed(self) -> str | None:
+        """A micro-batch probe an interrupted run had in flight (owed), where the search it
+        belongs to is still open: it goes first, as it would have finished first, even if
+        the plan changed since it was proposed (the model's size learnt meanwhile)."""
         catalog = self._catalog
         plans = {plan.variant: plan for plan in catalog.space.plans}
-        for name in proposed:
-            if name not in owed or name not in catalog.size_names or not catalog.is_free(name):
+        for name in self._ledger.owed():
+            if name not in catalog.size_names:
                 continue
             plan = plans.get(catalog.size_names[name][0])
             if plan is None or self.size(plan) is not None:
-                catalog.entry(name)
+                catalog.register_size_run(name)
                 return name
         return None
 
@@ -255,7 +251,7 @@ class SizeSearch:
         metric = self._tuning.metric
         before = [r for r in self._ledger.runs_of(plan.variant).values() if r.ok]
         best = max((score(r.metrics, metric) for r in before if r.metrics), default=None)
-        tried = [n for n in names if not self._catalog.is_free(n)]
+        tried = [n for n in names if not self._ledger.is_free(n)]
         improved = any(
             (r := self._ledger.results.get(n)) is not None
             and r.ok

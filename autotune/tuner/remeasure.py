@@ -110,14 +110,14 @@ class Remeasurement:
     Args:
         ledger: what the tuner has seen.
         tuning: the ``autotuning`` section (metric, ``num_remeasure``).
-        proposed: every name proposed so far, in order (the tuner's, kept up to date): the
-            control's timeline, the same however many experiments ran at once.
+
+    The control's timeline is the order experiments were proposed (``ledger.proposed``), the
+    same however many ran at once.
     """
 
-    def __init__(self, ledger: Ledger, tuning: AutotuningConfig, proposed: list[str]) -> None:
+    def __init__(self, ledger: Ledger, tuning: AutotuningConfig) -> None:
         self._ledger = ledger
         self._tuning = tuning
-        self._proposed = proposed
 
     def noise(self) -> float:
         """The relative noise of one measurement, from the repeats so far (the control's
@@ -219,7 +219,7 @@ class Remeasurement:
         through the run, it shows whether the machine changed where no rank could see it (a GPU's
         clocks, a slow start-up)."""
         results = self._ledger.results
-        for name in self._proposed:
+        for name in self._ledger.proposed:
             if split_repeat(name)[1] or name not in self._ledger.entries:
                 continue
             if name not in results:
@@ -237,7 +237,7 @@ class Remeasurement:
         control = self.control()
         if control is None or self._tuning.num_remeasure == 0:
             return None
-        names = self._proposed
+        names = self._ledger.proposed
         last = max(i for i, n in enumerate(names) if split_repeat(n)[0] == control)
         since = sum(1 for n in names[last + 1 :] if split_repeat(n)[1] == 0)
         if since < every:
@@ -252,7 +252,7 @@ class Remeasurement:
         control = self.control()
         if control is None:
             return {}
-        order = self._proposed
+        order = self._ledger.proposed
         results = self._ledger.results
         measured = [
             (i, results[n].metrics.latency)  # type: ignore[union-attr]

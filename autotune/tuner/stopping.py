@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Container
 
 from autotune.config import Metric
 from autotune.tuner.ledger import Ledger
@@ -12,7 +12,6 @@ from autotune.tuner.ranking import score
 
 def experiments_since_best(
     ledger: Ledger,
-    proposed: Iterable[str],
     phase_names: Container[str],
     metric: Metric,
     *,
@@ -20,7 +19,7 @@ def experiments_since_best(
     failures_count: bool = True,
 ) -> int:
     """Experiments of the phase (``phase_names``) since the last new best (of any phase), in
-    the order they were ``proposed``.
+    the order they were proposed.
 
     One in flight, and every one proposed after it, counts as no better: an upper bound,
     exact once nothing is in flight, so that experiments running side by side never go past
@@ -33,7 +32,7 @@ def experiments_since_best(
     best: float | None = None
     since = 0
     unsettled = False
-    for name in proposed:
+    for name in ledger.proposed:
         entry = ledger.entries.get(name)
         if split_repeat(name)[1] != 0 or entry is None or (knobs_later and entry.knobs):
             continue

@@ -14,8 +14,18 @@ from autotune.tuner.cost_model import CostModel
 from autotune.tuner.ledger import Entry, Ledger
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import TOLERANCE, Ranked, declared_order, rank, within_noise
+from autotune.tuner.reasons import NotRunReason, StopReason
 from autotune.tuner.remeasure import short_windows
 from autotune.tuner.space import TuningSpace
+
+
+@dataclass(frozen=True)
+class AtCap:
+    """The best runs at the largest micro-batch allowed: ``micro_batch_size``, the largest
+    the user listed (``listed``) or the largest the batch limits allow."""
+
+    micro_batch_size: int
+    listed: bool
 
 
 @dataclass(frozen=True)
@@ -34,10 +44,11 @@ class TuningSummary:
             each other (see :meth:`ties`; None with fewer than two).
         num_run: experiments that ran, re-measurements included.
         num_failed: experiments that ran and did not end ``ok``.
-        pruned: configurations and variants never run, each with the reason.
+        not_run: configurations, variants and micro-batch ranges never run, each with the
+            reason.
         failed: experiments that did not end ``ok``: ``"oom: ..."``, ``"error: ..."``.
         tuning_time_s: wall time, across resumed runs.
-        stop_reason: why the search ended.
+        stop: why the search ended (None: it has not, or it ran all it had).
         num_disturbed: measurements taken while other processes competed for the ranks'
             cores (see :mod:`autotune.profiling.interference`); a configuration ranks on the
             others where it has any.
@@ -47,7 +58,8 @@ class TuningSummary:
             ``MIN_WINDOW_S``, with its median length in seconds: too short to rank on.
         window_steps: optimizer steps in the profile window.
         num_remeasured: of ``num_run``, the re-measurements (the rest searched the space).
-        best_at_cap: why a larger micro-batch than the best's was never tried, when the best
+        best_at_cap: where the best runs at the largest micro-batch its variant allows (and
+            fitted), that size, and whether the user listed it: a larger one may be faster.
             runs at the largest the config allows (a larger one may be faster); else None.
         noise: the relative noise of one measurement, from the repeats (None: not known).
         num_stopped_early: search experiments stopped after their first timed steps, slower
@@ -67,16 +79,16 @@ class TuningSummary:
     top_two_within_noise: bool | None
     num_run: int
     num_failed: int
-    pruned: Mapping[str, str] = field(default_factory=dict)
+    not_run: Mapping[str, NotRunReason] = field(default_factory=dict)
     failed: Mapping[str, str] = field(default_factory=dict)
     tuning_time_s: float = 0.0
-    stop_reason: str = ""
+    stop: StopReason | None = None
     num_disturbed: int = 0
     search_bound: int = 0
     short_windows: Mapping[str, float] = field(default_factory=dict)
     window_steps: int = 0
     num_remeasured: int = 0
-    best_at_cap: str | None = None
+    best_at_cap: AtCap | None = None
     noise: float | None = None
     num_stopped_early: int = 0
     cost_model: Mapping[str, Any] | None = None
@@ -95,80 +107,14 @@ class TuningSummary:
             count += 1
         return count
 
-    def notes(self) -> list[str]:
-        """What a person should know before acting on the ranking, one line each."""
-        lines = []
-        tied = self.num_tied
-        noise = f" ({self.noise:.1%} run to run)" if self.noise is not None else ""
-        if tied > 2:
-            lines.append(
-                f"note: the top {tied} are within measurement noise of each other{noise}: "
-                "more experiments would not tell them apart"
-            )
-        elif self.top_two_within_noise:
-            lines.append(f"note: the top two are within measurement noise of each other{noise}")
-        if self.best_at_cap:
-            lines.append(f"note: {self.best_at_cap}")
-        if self.num_disturbed:
-            lines.append(
-                f"note: {self.num_disturbed} measurement"
-                f"{' was' if self.num_disturbed == 1 else 's were'} taken while other processes "
-                "competed for the ranks' cores; a configuration ranks on its undisturbed ones "
-                "where it has any, and the contenders were measured again"
-            )
-        if self.short_windows:
-            seconds = sorted(self.short_windows.values())
-            wanted = math.ceil(self.window_steps * 0.5 / max(seconds[0], 1e-6))
-            which = "configuration" if len(seconds) == 1 else f"{len(seconds)} configurations"
-            lines.append(
-                f"note: the profile window of {which} lasted {seconds[0]:.2f}-{seconds[-1]:.2f}"
-                " s (median over its runs), too short to rank on (one busy millisecond is a "
-                "large share of it): measured again but not raced. Lengthen it: about "
-                f"{wanted} steps between start_profile_step and end_profile_step (the script "
-                "must run that many)"
-            )
-        if self.disturbed_only:
-            lines.append(
-                "note: measured only while disturbed (their values too low): "
-                + ", ".join(self.disturbed_only)
-            )
-        return lines
-
     @property
     def disturbed_only(self) -> tuple[str, ...]:
         """Configurations ranked on disturbed measurements alone (their values too low)."""
         return tuple(r.name for r in self.ranking if r.disturbed)
 
     @property
-    def num_pruned(self) -> int:
-        return len(self.pruned)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return {
-            "metric": self.metric.value,
-            "best": self.best.to_dict() if self.best else None,
-            "best_overrides": dict(self.best_overrides),
-            "top_two_within_noise": self.top_two_within_noise,
-            "best_per_variant": {k: v.to_dict() for k, v in self.best_per_variant.items()},
-            "ranking": [r.to_dict() for r in self.ranking],
-            "num_run": self.num_run,
-            "num_pruned": self.num_pruned,
-            "num_failed": self.num_failed,
-            "pruned": dict(self.pruned),
-            "failed": dict(self.failed),
-            "tuning_time_s": self.tuning_time_s,
-            "stop_reason": self.stop_reason,
-            "num_disturbed": self.num_disturbed,
-            "disturbed_only": list(self.disturbed_only),
-            "num_remeasured": self.num_remeasured,
-            "best_at_cap": self.best_at_cap,
-            "short_windows": dict(self.short_windows),
-            "noise": self.noise,
-            "num_stopped_early": self.num_stopped_early,
-            "cost_model": dict(self.cost_model) if self.cost_model is not None else None,
-            "num_infrastructure_retries": self.num_infrastructure_retries,
-        }
+    def num_not_run(self) -> int:
+        return len(self.not_run)
 
 
 def summarize(
@@ -176,9 +122,9 @@ def summarize(
     space: TuningSpace,
     tuning: AutotuningConfig,
     *,
-    not_run: Mapping[str, str],
+    not_run: Mapping[str, NotRunReason],
     tuning_time_s: float,
-    stop_reason: str,
+    stop: StopReason | None,
     noise: float | None = None,
     cost_model: CostModel | None = None,
 ) -> TuningSummary:
@@ -202,10 +148,10 @@ def summarize(
         top_two_within_noise=(tied(ranking[0], ranking[1], noise) if len(ranking) > 1 else None),
         num_run=len(ledger.results),
         num_failed=len(failed),
-        pruned=not_run,
+        not_run=not_run,
         failed=failed,
         tuning_time_s=tuning_time_s,
-        stop_reason=stop_reason,
+        stop=stop,
         num_disturbed=sum(
             1 for r in ledger.results.values() if r.metrics is not None and r.metrics.disturbed
         ),
@@ -227,22 +173,13 @@ def summarize(
     )
 
 
-def _at_cap(best: Entry | None, space: TuningSpace) -> str | None:
-    """Why no larger micro-batch than the best's was tried, where the best runs at the
-    largest its variant's sizes allow (and fitted): a larger one may be faster."""
+def _at_cap(best: Entry | None, space: TuningSpace) -> AtCap | None:
+    """Where the best runs at the largest micro-batch its variant's sizes allow (and fitted):
+    a larger one, never tried, may be faster."""
     plan = next((p for p in space.plans if best and p.variant == best.variant), None)
     if best is None or plan is None or best.micro_batch_size != plan.ladder[-1]:
         return None
-    where = (
-        "the largest listed in train_micro_batch_size_per_gpu"
-        if not plan.halving
-        else "the largest the batch limits allow (autotuning."
-        "max_train_micro_batch_size_per_gpu, max_train_batch_size)"
-    )
-    return (
-        f"the best runs at micro-batch {best.micro_batch_size}, {where}, and fitted: a "
-        "larger one may be faster"
-    )
+    return AtCap(best.micro_batch_size, listed=not plan.halving)
 
 
 def _failure_line(result: ExperimentResult) -> str:

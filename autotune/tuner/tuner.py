@@ -73,6 +73,7 @@ from autotune.tuner.phase_search import PhaseSearch
 from autotune.tuner.prior import best_micro_batch
 from autotune.tuner.probe import SizeSearch, failed_sizes_bound
 from autotune.tuner.ranking import TOLERANCE
+from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
 from autotune.tuner.remeasure import Remeasurement
 from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import build_space
@@ -146,15 +147,12 @@ class Tuner:
         self._model_info = model_info
         self._ledger = Ledger()
         self._bounds = Bounds(self._ledger)
-        self._proposed: list[str] = []  # names in the order they were asked (or replayed)
-        self._remeasure = Remeasurement(self._ledger, self._tuning, self._proposed)
-        self._owed: set[str] = set()  # proposed by an interrupted run, never finished
+        self._remeasure = Remeasurement(self._ledger, self._tuning)
         model_based = TunerType(self._tuning.tuner_type) is TunerType.model_based
         self._phases = MODEL_PHASES if model_based else SAMPLED_PHASES
         self._phase = self._phases[0]
         self._search: PhaseSearch | None = None  # the sampled phase's, while one runs
-        self._stop_reason = ""
-        self._ended: dict[str, str] = {}  # name → why its phase ended before it ran
+        self._stop: StopReason | None = None  # why the search ended, once it did
         self._budget = TimeBudget(self._ledger, self._tuning.time_budget_s, clock, started)
         space = build_space(config, model_info, device_memory_bytes)
         self._catalog = Catalog(self._ledger, self._bounds, space)
@@ -214,12 +212,7 @@ class Tuner:
                 continue
             if candidate is not None:
                 self._budget.asked()
-                self._ledger.pending[name] = candidate
-                if name in self._owed:  # keeps the place it was first proposed at
-                    self._owed.discard(name)
-                else:
-                    self._proposed.append(name)
-                return candidate
+                return self._ledger.propose(candidate)
         return None
 
     def learn_model(self, model_info: ModelInfo) -> None:
@@ -242,39 +235,35 @@ class Tuner:
         if self._model_search is not None:
             self._model_search.use_space(space, _model_shape(model_info))
 
-    def owe(self, name: str) -> None:
+    def owe(self, name: str, number: int | None = None) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
-        among the replayed results (call in the order they were proposed).
+        among the replayed results (call in the order they were proposed; ``number``: the
+        number it was proposed as, kept when it runs again).
 
         Until it is run again it counts as in flight for early stopping, and its phase
         proposes it before anything new, so the resumed run decides as the interrupted one
         would have.
         """
-        if name not in self._ledger.results and name not in self._proposed:
-            self._proposed.append(name)
-            self._owed.add(name)
+        self._ledger.owe(name, number)
 
-    def tell(self, result: ExperimentResult) -> None:
+    def tell(self, result: ExperimentResult, number: int | None = None) -> None:
         """Record a finished experiment of any status.
 
         A result the tuner did not ask for is history being replayed: it is recorded the same
-        way, and its duration counts toward the time budget. Telling a name twice keeps the
-        first result.
+        way (``number``: the number it was proposed as, None: the next), and its duration
+        counts toward the time budget. Telling a name twice keeps the first result.
         """
         if result.name in self._ledger.results:
             return
-        if self._ledger.pending.pop(result.name, None) is None:
+        if result.name not in self._ledger.pending:
             self._budget.replayed(result)
-            if result.name in self._owed:
-                self._owed.discard(result.name)
-            else:
-                self._proposed.append(result.name)
         if self._model_search is not None and result.name not in self._ledger.entries:
             # A configuration the cost model proposed, told from history: known by its key.
             key = self._model_search.key_of(result.name)
             if key is not None:
                 self._catalog.register(*key)
-        self._ledger.record(result, self._catalog.entry(result.name))
+        self._catalog.register_size_run(result.name)
+        self._ledger.record(result, number)
         self._bounds.note(result.name)
         if self._search is not None:
             self._search.tell(result)
@@ -287,7 +276,7 @@ class Tuner:
             self._tuning,
             not_run=self._not_run(),
             tuning_time_s=self.elapsed_s,
-            stop_reason=self._stop_reason,
+            stop=self._stop,
             noise=self._remeasure.noise(),
             cost_model=self.cost_model(),
         )
@@ -321,8 +310,8 @@ class Tuner:
         """The next name the current phase wants run, or None if it has nothing now."""
         # A re-measurement an interrupted run had running comes first, as it would have
         # finished first.
-        owed = (n for n in self._proposed if n in self._owed and split_repeat(n)[1] > 0)
-        if (name := next((n for n in owed if self._catalog.is_free(n)), None)) is not None:
+        owed = (n for n in self._ledger.owed() if split_repeat(n)[1] > 0)
+        if (name := next(owed, None)) is not None:
             return name
         if self._phase is Phase.remeasure:
             return self._next_repeat()
@@ -331,15 +320,14 @@ class Tuner:
         if (control := self._remeasure.control_due(self._is_open_repeat)) is not None:
             return control
         if self._phase is Phase.max_micro_batch:
-            return self._sizes.next_owed(self._proposed, self._owed) or self._sizes.next()
+            return self._sizes.next_owed() or self._sizes.next()
         if self._phase is Phase.model:
             return self._next_predicted()
         if self._search is None:  # nothing to tune in this phase
             return None
         # What an interrupted run had running comes first, as it would have finished first.
-        owed = (n for n in self._proposed if n in self._owed and n in self._search)
-        name = next((n for n in owed if self._catalog.is_free(n)), None)
-        if name is not None:
+        owed = (n for n in self._ledger.owed() if n in self._search)
+        if (name := next(owed, None)) is not None:
             return name
         if self._patience_spent():  # until a result in flight brings a new best, if one does
             return None
@@ -350,15 +338,14 @@ class Tuner:
         (before the workload's size is known, the first size of the memory search)."""
         search = self._model_search
         assert search is not None
-        for name in self._proposed:
-            if name in self._owed and self._catalog.is_free(name):
-                key = search.key_of(name)
-                if key is not None:
-                    self._catalog.register(*key)
-                    return name
-                if name in self._catalog.size_names:
-                    self._catalog.entry(name)
-                    return name
+        for name in self._ledger.owed():
+            key = search.key_of(name)
+            if key is not None:
+                self._catalog.register(*key)
+                return name
+            if name in self._catalog.size_names:
+                self._catalog.register_size_run(name)
+                return name
         if self._patience_spent():
             return None
         if search.fitted() is None:
@@ -376,21 +363,18 @@ class Tuner:
         self._catalog.register(*key)
         return chosen
 
-    def _phase_end_reason(self) -> str:
-        """Why the phase that has nothing more to propose ended: a limit it reached, or ""
+    def _phase_end_reason(self) -> StopReason | None:
+        """Why the phase that has nothing more to propose ended: a limit it reached, or None
         where it ran all it had."""
         if self._phase is Phase.remeasure:
-            return ""
+            return None
         if self._search_budget_spent():
-            return f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
+            return StopReason(StopKind.trial_cap, (self._tuning.tuner_num_trials,))
         if self._searching() and self._patience_spent():
-            return f"no better result in the last {self._tuning.tuner_early_stopping} experiments"
+            return StopReason(StopKind.no_better, (self._tuning.tuner_early_stopping,))
         if self._phase is Phase.model and self._ledger.results:
-            return (
-                f"the cost model predicts no configuration left beats the best by more than "
-                f"{TOLERANCE:.0%}"
-            )
-        return ""
+            return StopReason(StopKind.model_converged, (TOLERANCE,))
+        return None
 
     def _searching(self) -> bool:
         return self._search is not None or self._phase is Phase.model
@@ -399,9 +383,9 @@ class Tuner:
         """End the current phase (keeping why, if a limit ended it) and move to the next
         phase that has something to do."""
         reason = self._phase_end_reason()
-        if reason:
-            self._stop_reason = reason
-        self._note_unreached(reason or "the phase ended")
+        if reason is not None:
+            self._stop = reason
+        self._note_unreached(NotRunReason(NotRunKind.not_reached, stop=reason))
         self._search = None
         if self._phase is Phase.model:
             self._note_unsearched_variants()
@@ -410,8 +394,8 @@ class Tuner:
             self._start_micro_batch_phase()
         elif self._phase is Phase.knobs:
             self._start_knob_phase()
-        elif self._phase is Phase.done and not self._stop_reason:
-            self._stop_reason = "search space exhausted"
+        elif self._phase is Phase.done and self._stop is None:
+            self._stop = StopReason(StopKind.exhausted)
 
     def _note_unsearched_variants(self) -> None:
         """Why each variant with nothing that ran ok has none: never run is not the same as
@@ -424,10 +408,9 @@ class Tuner:
         for plan in self._catalog.space.plans:
             if self._ledger.best_score(plan.variant, self._tuning.metric) is not None:
                 continue
-            reason = "not searched: the search ended first"
-            if plan.variant in ran:
-                reason = "no micro-batch ran ok"
-            self._catalog.pruned.setdefault(plan.variant.label, reason)
+            kind = NotRunKind.none_fit if plan.variant in ran else NotRunKind.not_searched
+            reason = NotRunReason(kind)
+            self._ledger.rule_out_variant(plan.variant.label, reason, replace_reason=False)
 
     def _start_micro_batch_phase(self) -> None:
         self._note_unsearched_variants()
@@ -470,7 +453,7 @@ class Tuner:
     def _start_search(self, subspaces: list[Subspace], names: dict[Point, str]) -> None:
         if not subspaces:
             return
-        self._stop_reason = ""  # each search phase ends for its own reason
+        self._stop = None  # each search phase ends for its own reason
         self._search = PhaseSearch(
             self._phase, subspaces, names, self._tuning, self._storage, self._ledger
         )
@@ -482,19 +465,18 @@ class Tuner:
         if self._ledger.pending:
             return None  # each re-measurement is decided on every result before it
         if self._trials_left() <= 0:
-            if not self._stop_reason:
-                self._stop_reason = f"tuner_num_trials ({self._tuning.tuner_num_trials}) reached"
+            if self._stop is None:
+                self._stop = StopReason(StopKind.trial_cap, (self._tuning.tuner_num_trials,))
             return None
         name = self._remeasure.next(self._is_open_repeat)
         if name is None or self._fits_time_budget(name):
             return name
-        reason = self._budget.reason
-        self._ended[name] = f"not run: {reason}"
-        self._stop_reason = reason
+        self._stop = self._time_stop(StopKind.time_budget)
+        self._ledger.leave_unreached(name, NotRunReason(NotRunKind.time_budget, stop=self._stop))
         return None
 
     def _is_open_repeat(self, name: str) -> bool:
-        return self._catalog.is_open_repeat(name) and name not in self._ended
+        return self._ledger.is_undecided(name)
 
     # --- the time budget ----------------------------------------------------------------------
 
@@ -508,44 +490,42 @@ class Tuner:
     def _end_search_for_time(self, name: str) -> None:
         """The search's next experiment would not end in time: what is left of the budget
         goes to re-measuring what the search found."""
-        reason = self._budget.reason
-        if self._tuning.num_remeasure > 0:
-            reason += ": the rest kept for re-measuring the best"
+        kept = self._tuning.num_remeasure > 0
+        kind = StopKind.time_budget_kept if kept else StopKind.time_budget
+        stop = self._time_stop(kind)
         if self._search is not None:
             self._search.drop(name)
-        self._ended[name] = f"not run: {reason}"
-        self._note_unreached(reason)
-        self._stop_reason = reason
+        not_run = NotRunReason(NotRunKind.time_budget, stop=stop)
+        self._ledger.leave_unreached(name, not_run, replace_reason=True)
+        self._note_unreached(NotRunReason(NotRunKind.not_reached, stop=stop))
+        self._stop = stop
         self._search = None
         self._phase = Phase.remeasure
 
-    def _run_end_reason(self) -> str | None:
+    def _time_stop(self, kind: StopKind) -> StopReason:
+        seconds = self._budget.seconds
+        assert seconds is not None, "only a time budget ends the search for time"
+        return StopReason(kind, (seconds,))
+
+    def _run_end_reason(self) -> StopReason | None:
         """Why the whole run ends now, whatever phase it is in; None: it goes on."""
         if self._budget.spent:
-            return f"{self._budget.reason} spent"
+            return self._time_stop(StopKind.time_budget_spent)
         if (error := self._bounds.same_failure()) is not None:
-            return (
-                f"the first {SAME_FAILURE_LIMIT} experiments all failed with the same error "
-                f"(numbers aside), so every other would too: {error}"
-            )
+            return StopReason(StopKind.same_failure, (SAME_FAILURE_LIMIT, error))
         if (steps := self._bounds.step_limit()) is not None:
-            return (
-                f"the script ends after {steps} optimizer steps whatever the micro-batch (a "
-                f"limit of its own, such as --max_steps, not its data), before "
-                f"end_profile_step ({self._tuning.end_profile_step}): give it more steps or "
-                "lower autotuning.end_profile_step"
-            )
+            return StopReason(StopKind.step_limit, (steps, self._tuning.end_profile_step))
         return None
 
-    def _finish(self, reason: str) -> None:
-        self._note_unreached(reason)
-        self._phase, self._search, self._stop_reason = Phase.done, None, reason
+    def _finish(self, reason: StopReason) -> None:
+        self._note_unreached(NotRunReason(NotRunKind.not_reached, stop=reason))
+        self._phase, self._search, self._stop = Phase.done, None, reason
 
-    def _note_unreached(self, reason: str) -> None:
+    def _note_unreached(self, reason: NotRunReason) -> None:
         """Why the current phase's configurations that never ran did not (for the summary)."""
         for name in self._search.points if self._search is not None else ():
-            if name not in self._ledger.results and name not in self._ledger.pending:
-                self._ended.setdefault(name, f"not reached: {reason}")
+            if self._ledger.is_free(name):
+                self._ledger.leave_unreached(name, reason)
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -556,7 +536,7 @@ class Tuner:
         try:
             ds_config = self._ds_config(entry.overrides)
         except ConfigError as err:
-            self._catalog.pruned[name] = str(err)
+            self._ledger.rule_out(name, NotRunReason(NotRunKind.config_rule, (str(err),)))
             if self._search is not None:
                 self._search.drop(name)
             return None
@@ -598,28 +578,32 @@ class Tuner:
         ds_config.pop("autotuning", None)
         return ds_config
 
-    def _not_run(self) -> dict[str, str]:
+    def _not_run(self) -> dict[str, NotRunReason]:
         """Every variant, bound and configuration the tuner considered and did not run, with
         the reason: pruned (memory estimate, an ``oom`` below it, the data bound, a config
         rule), not reached (the phase or the run ended first, and why), or, with
         ``model_based``, predicted not to beat the best (one line per variant)."""
+        ledger = self._ledger
         explained = {
-            **self._catalog.pruned,
-            **failed_sizes_bound(self._catalog.space.plans, self._ledger),
+            **ledger.ruled_out_variants,
+            **{t.name: t.reason for t in ledger.not_run() if t.final and t.reason is not None},
+            **failed_sizes_bound(self._catalog.space.plans, ledger),
             **self._bounds.pruned(),
         }
-        ended = f"not reached: the search ended first ({self._stop_reason or 'search complete'})"
-        for name, entry in self._ledger.entries.items():
-            if name in self._ledger.results or name in self._ledger.pending or name in explained:
+        ended = NotRunReason(NotRunKind.search_ended, stop=self._stop)
+        for name, entry in ledger.entries.items():
+            if not ledger.is_free(name) or name in explained:
                 continue
-            explained[name] = self._ended.get(name) or self._catalog.pruned.get(
-                entry.variant.label, ended
-            )
+            trial = ledger.trial(name)
+            if trial is not None and trial.reason is not None:
+                explained[name] = trial.reason
+            else:
+                explained[name] = ledger.ruled_out_variants.get(entry.variant.label, ended)
         if self._model_search is not None and self._phase is Phase.done:
             for label, count in self._model_search.unmeasured().items():
                 if label not in explained:
-                    explained[f"{label}: {count} configurations"] = (
-                        f"not measured: {self._stop_reason or 'the search ended first'}"
+                    explained[f"{label}: {count} configurations"] = NotRunReason(
+                        NotRunKind.not_measured, stop=self._stop
                     )
         return explained
 
@@ -642,7 +626,6 @@ class Tuner:
             names = self._search.points if self._search is not None else {}
         since = experiments_since_best(
             self._ledger,
-            self._proposed,
             names,
             self._tuning.metric,
             knobs_later=self._phase is Phase.micro_batch,

@@ -12,6 +12,7 @@ import pytest
 
 from autotune.experiment import Status
 from autotune.results import (
+    Proposal,
     ResultsDir,
     ResultsDirError,
     best_so_far,
@@ -101,7 +102,9 @@ def test_plots_fold_repeats_into_the_median(results: ResultsDir) -> None:
     for index, throughput in enumerate((10, 12), start=1):
         name = f"a_r{index}"
         results.record(
-            make_spec(name, 1, 4), make_result(name, throughput=throughput), {"repeat_of": "a"}
+            make_spec(name, 1, 4),
+            make_result(name, throughput=throughput),
+            Proposal(index, "remeasure", repeat_of="a"),
         )
     results.record(make_spec("b", 2, 4), make_result("b", throughput=14))
     front = pareto_front(load_results(results.path))
@@ -113,7 +116,9 @@ def test_best_so_far_follows_the_declared_best_not_a_lucky_single(results: Resul
     for index, throughput in enumerate((10, 12), start=1):
         name = f"a_r{index}"
         results.record(
-            make_spec(name, 1, 4), make_result(name, throughput=throughput), {"repeat_of": "a"}
+            make_spec(name, 1, 4),
+            make_result(name, throughput=throughput),
+            Proposal(index, "remeasure", repeat_of="a"),
         )
     ax = best_so_far(load_results(results.path))
     (declared,) = [line for line in ax.get_lines() if line.get_label() == "declared best so far"]

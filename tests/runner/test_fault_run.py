@@ -57,7 +57,7 @@ def test_every_listed_micro_batch_runs_and_fails_on_its_own(
     ok = {int(r.name.removeprefix("z0_mbs")): "ok" for r in summary.ranking}
     assert {**first_runs, **ok} == EXPECTED, summary.failed
     assert summary.best is not None and summary.best.name in ("z0_mbs1", "z0_mbs4")
-    assert summary.pruned == {}
+    assert summary.not_run == {}
     console = Console(record=True, width=120)
     print_report(console, report)
     assert "not run: 0" in console.export_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.experiment import Timings
+from autotune.summary_text import stop_text
 from autotune.tuner import Tuner
 from autotune.tuner.budget import predicted_duration_s
 from tests.tuner.landscape import MODEL, FakeClock, Landscape, drive
@@ -35,7 +36,7 @@ def test_nothing_starts_that_would_end_past_the_budget() -> None:
     assert summary.tuning_time_s <= 80.0
     assert summary.best is not None and summary.best.num_measurements >= 2
     assert any(c.repeat_of is not None for c in asked)
-    assert summary.stop_reason.startswith("time budget of 80 s")
+    assert stop_text(summary.stop).startswith("time budget of 80 s")
     # Unbudgeted, the same search runs longer.
     unbudgeted_clock = FakeClock()
     drive(small_tuner("gridsearch", clock=unbudgeted_clock), landscape, clock=unbudgeted_clock)

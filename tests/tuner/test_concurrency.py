@@ -92,7 +92,7 @@ def test_early_stopping_waits_for_results_that_may_still_bring_a_new_best() -> N
     while (candidate := tuner.ask()) is not None:
         in_flight.append(candidate)
     assert len(in_flight) <= 2  # never more than patience allows without a new result
-    assert not tuner.finished and tuner.summary().stop_reason == ""
+    assert not tuner.finished and tuner.summary().stop is None
 
 
 def test_replayed_experiments_that_overlapped_count_their_wall_time_once() -> None:

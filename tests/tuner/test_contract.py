@@ -9,6 +9,7 @@ import pytest
 
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
+from autotune.summary_text import not_run_texts, notes, stop_text
 from autotune.tuner import Candidate, Phase, Tuner, split_repeat
 from autotune.tuner.ranking import TOLERANCE
 from autotune.tuner.remeasure import MAX_MEASUREMENTS
@@ -49,7 +50,7 @@ def test_tuner_num_trials_caps_every_experiment_and_keeps_one_to_confirm_the_bes
     summary = tuner.summary()
     assert summary.best is not None and summary.best.num_measurements == 2
     assert asked[-1].repeat_of == summary.best.name
-    assert "tuner_num_trials (5) reached" in summary.stop_reason
+    assert "tuner_num_trials (5) reached" in stop_text(summary.stop)
     assert summary.search_bound == 5
 
 
@@ -68,8 +69,10 @@ def test_the_time_budget_ends_the_run_on_time_with_its_best_measured_again(
     best = max((r for r in searched if r.ok), key=lambda r: r.metrics.throughput)
     assert asked[-1].repeat_of == best.name
     assert tuner.finished and summary.tuning_time_s == 50.0
-    assert summary.stop_reason.startswith("time budget of 55 s")
-    assert any(reason.startswith("not run: time budget") for reason in summary.pruned.values())
+    assert stop_text(summary.stop).startswith("time budget of 55 s")
+    assert any(
+        reason.startswith("not run: time budget") for reason in not_run_texts(summary).values()
+    )
 
 
 @pytest.mark.parametrize("tuner_type", ["gridsearch", "random"])
@@ -80,7 +83,7 @@ def test_early_stopping_ends_a_phase_after_that_many_without_a_new_best(tuner_ty
     asked = drive(tuner, landscape)
     full = drive(small_tuner(tuner_type, num_remeasure=0), landscape)
     assert len(asked) < len(full)
-    assert tuner.summary().stop_reason == "no better result in the last 2 experiments"
+    assert stop_text(tuner.summary().stop) == "no better result in the last 2 experiments"
     best, since = 0.0, {phase: 0 for phase in Phase}
     for candidate in asked:
         result = landscape.run(candidate)
@@ -218,5 +221,5 @@ def test_a_window_too_short_to_measure_is_flagged_not_raced(tuner_type: str) -> 
     assert repeats and max(Counter(c.repeat_of for c in repeats).values()) <= 2  # not raced
     summary = tuner.summary()
     assert summary.short_windows and all(s == 0.05 for s in summary.short_windows.values())
-    (note,) = [line for line in summary.notes() if "too short to rank on" in line]
+    (note,) = [line for line in notes(summary) if "too short to rank on" in line]
     assert "measured again but not raced" in note and "steps between start_profile_step" in note

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Status
+from autotune.summary_text import not_run_texts, notes
 from autotune.tuner import Candidate, Tuner
 from autotune.tuner.probe import MAX_FAILED_SIZES
 from tests.tuner.landscape import MODEL, Landscape, drive, true_largest_fit
@@ -47,7 +48,7 @@ def test_every_listed_size_runs_past_errors_and_timeouts() -> None:
     assert statuses == {1: Status.ok, 4: Status.ok, **FAULTS}
     summary = tuner.summary()
     assert summary.best is not None and summary.best.name in ("z0_mbs1", "z0_mbs4")
-    assert summary.pruned == {}, summary.pruned
+    assert summary.not_run == {}, summary.not_run
 
 
 def test_an_oom_prunes_the_larger_listed_sizes_and_says_so() -> None:
@@ -55,7 +56,7 @@ def test_an_oom_prunes_the_larger_listed_sizes_and_says_so() -> None:
     assert 16 <= true_largest_fit(landscape, 0) < 32  # the search starts at 16, 32 is an oom
     tuner = listed_tuner([1, 2, 4, 8, 16, 32, 64])
     drive(tuner, landscape)
-    pruned = tuner.summary().pruned
+    pruned = not_run_texts(tuner.summary())
     assert pruned == {"z0_mbs64": "larger than z0_mbs32, which ran out of memory"}
 
 
@@ -74,7 +75,9 @@ def test_the_default_search_steps_over_errors_up_to_a_bound_and_lists_it() -> No
     assert len(errors) >= MAX_FAILED_SIZES, errors
     summary = tuner.summary()
     assert summary.best is not None and summary.best.name == "z0_mbs2"
-    (bound,) = [why for key, why in summary.pruned.items() if key.startswith("z0 micro-batch")]
+    (bound,) = [
+        why for key, why in not_run_texts(summary).items() if key.startswith("z0 micro-batch")
+    ]
     assert bound.startswith(f"not searched: {len(errors)} sizes above 2 failed"), bound
 
 
@@ -82,8 +85,8 @@ def test_configurations_never_reached_are_listed_with_why() -> None:
     tuner = listed_tuner([1, 2, 3, 4, 5, 6, 7, 8], tuner_num_trials=3, num_remeasure=0)
     drive(tuner, Landscape())
     summary = tuner.summary()
-    unreached = {name: why for name, why in summary.pruned.items() if "not reached" in why}
-    assert len(unreached) == 8 - 3, summary.pruned
+    unreached = {name: why for name, why in not_run_texts(summary).items() if "not reached" in why}
+    assert len(unreached) == 8 - 3, not_run_texts(summary)
     assert all("tuner_num_trials (3) reached" in why for why in unreached.values())
 
 
@@ -92,7 +95,7 @@ def test_a_best_at_the_largest_size_allowed_is_said_to_be_so() -> None:
     drive(tuner, Landscape())  # every size fits; the largest is the fastest
     summary = tuner.summary()
     assert summary.best is not None and summary.best.name == "z0_mbs4"
-    (note,) = [line for line in summary.notes() if "larger one may be faster" in line]
+    (note,) = [line for line in notes(summary) if "larger one may be faster" in line]
     assert "micro-batch 4, the largest listed in train_micro_batch_size_per_gpu" in note
     roomy = listed_tuner([1, 2, 4, 64], num_remeasure=0)  # 64 runs out of memory
     drive(roomy, Landscape())

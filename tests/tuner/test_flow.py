@@ -7,6 +7,7 @@ import math
 import pytest
 
 from autotune.config import load_config
+from autotune.summary_text import not_run_texts, stop_text, summary_json
 from autotune.tuner import Phase, Tuner
 from tests.tuner.landscape import MODEL, Landscape, drive, true_largest_fit
 from tests.tuner.tuners import fast_tuner, small_tuner
@@ -24,7 +25,7 @@ def test_fast_stops_after_stages_and_micro_batches() -> None:
         ]
         # The largest fit (run by the search) and two sizes about half apart below it.
         assert compared == [largest // 2, largest // 4]
-    assert tuner.summary().stop_reason == "search space exhausted"
+    assert stop_text(tuner.summary().stop) == "search space exhausted"
 
 
 @pytest.mark.parametrize(
@@ -89,7 +90,7 @@ def test_the_optimal_config_keeps_the_users_settings() -> None:
     assert best["train_batch_size"] == 96
     mbs, gas = best["train_micro_batch_size_per_gpu"], best["gradient_accumulation_steps"]
     assert mbs * gas * 2 == 96 and best["zero_optimization"]["stage"] in (1, 2)
-    summary = tuner.summary().to_dict()
+    summary = summary_json(tuner.summary())
     assert summary["best"]["name"] and summary["num_run"] >= summary["num_failed"]
     assert summary["best_overrides"]["train_micro_batch_size_per_gpu"] == mbs
 
@@ -98,7 +99,7 @@ def test_nothing_ok_means_no_optimal_config() -> None:
     tuner = Tuner(load_config({"zero_optimization": {"stage": 0}}, 2))
     drive(tuner, Landscape(budget_bytes=1))
     assert tuner.optimal_config() is None and tuner.summary().best is None
-    assert "z0" in tuner.summary().pruned
+    assert "z0" in tuner.summary().not_run
 
 
 def test_model_based_measures_every_variant_and_stops_when_nothing_can_beat_the_best() -> None:
@@ -111,7 +112,7 @@ def test_model_based_measures_every_variant_and_stops_when_nothing_can_beat_the_
     best = tuner.optimal_config()
     assert best is not None and landscape.throughput(best) >= 0.98 * optimum
     assert set(summary.best_per_variant) == {"z0", "z1", "z2", "z3"}  # each measured once
-    assert summary.stop_reason.startswith("the cost model predicts no configuration left")
+    assert stop_text(summary.stop).startswith("the cost model predicts no configuration left")
     assert len(asked) < len(grid)  # the grid's 20 are its search alone
     assert summary.cost_model is not None and summary.cost_model["num_observations"] > 0
 
@@ -120,4 +121,4 @@ def test_a_variant_the_trial_cap_never_reached_is_not_called_one_where_nothing_f
     tuner = small_tuner("gridsearch", tuner_num_trials=2)
     asked = drive(tuner, Landscape())
     assert {c.stage for c in asked} == {1}  # the cap ended the search inside stage 1
-    assert tuner.summary().pruned["z2"] == "not searched: the search ended first"
+    assert not_run_texts(tuner.summary())["z2"] == "not searched: the search ended first"

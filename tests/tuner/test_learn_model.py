@@ -56,7 +56,7 @@ def test_what_ran_before_the_model_was_known_is_ranked_and_can_win() -> None:
     rest = drive_with(tuner, stage_0_runs_fastest)
 
     summary = tuner.summary()
-    assert "z0" in summary.pruned  # the estimate prunes stage 0 from here on...
+    assert "z0" in summary.not_run  # the estimate prunes stage 0 from here on...
     assert not any(c.stage == 0 and c.repeat_of is None for c in rest), rest
     assert summary.num_run == 2 + len(rest)
     # ...but what it measured stands: ranked, re-measured, the best, the optimal config.
@@ -80,7 +80,7 @@ def test_a_result_told_from_history_is_ranked_when_the_model_is_known_from_the_s
     blind = {"zero_optimization.stage": 0, "train_micro_batch_size_per_gpu": 32}
     resumed.tell(stage_0_runs_fastest(Candidate("z0_mbs32", blind, {}, resumed.phase)))
     summary = resumed.summary()
-    assert "z0" in summary.pruned
+    assert "z0" in summary.not_run
     assert [r.name for r in summary.ranking] == ["z0_mbs32"] and summary.num_run == 1
 
 

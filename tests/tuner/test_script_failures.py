@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from autotune.experiment import ExperimentResult, Status
+from autotune.summary_text import not_run_texts, stop_text
 from autotune.tuner import Candidate, Phase
 from autotune.tuner.bounds import SAME_FAILURE_LIMIT
 from tests.tuner.landscape import Landscape, drive, true_largest_fit
@@ -52,7 +53,9 @@ def test_running_out_of_data_bounds_the_micro_batch_of_every_variant() -> None:
         assert max(c.micro_batch_size for c in probes if landscape.run(c).ok) == DATA_LIMIT - 1
     summary = tuner.summary()
     assert set(summary.best_per_variant) == {"z0", "z1", "z2", "z3"}
-    (why,) = [why for key, why in summary.pruned.items() if key.startswith("micro-batch >=")]
+    (why,) = [
+        why for key, why in not_run_texts(summary).items() if key.startswith("micro-batch >=")
+    ]
     smallest_dry = min(dry, key=lambda c: c.micro_batch_size).name
     assert "ran out of data" in why and smallest_dry in why
 
@@ -74,8 +77,8 @@ def test_a_script_with_a_step_limit_of_its_own_ends_the_run_saying_so() -> None:
     asked = drive(tuner, StepLimited())
     assert len(asked) == 2 and tuner.finished
     summary = tuner.summary()
-    assert "ends after 4 optimizer steps whatever the micro-batch" in summary.stop_reason
-    assert not any(key.startswith("micro-batch >=") for key in summary.pruned)
+    assert "ends after 4 optimizer steps whatever the micro-batch" in stop_text(summary.stop)
+    assert not any(key.startswith("micro-batch >=") for key in summary.not_run)
 
 
 def argparse_exit(candidate: Candidate) -> str:
@@ -121,7 +124,7 @@ def test_a_script_that_fails_alike_everywhere_ends_the_run_naming_the_error(
     asked = drive(tuner, Failing(error_of))
     assert len(asked) == SAME_FAILURE_LIMIT and tuner.finished
     summary = tuner.summary()
-    assert error_of(asked[0]) in summary.stop_reason
+    assert error_of(asked[0]) in stop_text(summary.stop)
     assert summary.num_failed == SAME_FAILURE_LIMIT and summary.best is None
 
 
@@ -137,7 +140,7 @@ def test_failures_that_depend_on_the_config_do_not_end_the_run() -> None:
         tuner = fast_tuner(Landscape().budget_bytes, tuner_num_trials=50)
         asked = drive(tuner, landscape)
         assert len(asked) > SAME_FAILURE_LIMIT, landscape.error_of(asked[0])
-        assert "same error" not in tuner.summary().stop_reason
+        assert "same error" not in stop_text(tuner.summary().stop)
 
 
 def test_one_ok_experiment_keeps_the_run_going_past_identical_errors() -> None:
@@ -169,4 +172,4 @@ def test_a_micro_batch_that_ran_ok_somewhere_is_not_bounded_by_an_early_end() ->
     assert max(c.micro_batch_size for c in probes if c.stage == 2 and landscape.run(c).ok) == (
         true_largest_fit(landscape, 2)
     )
-    assert ended_early and not any(k.startswith("micro-batch >=") for k in tuner.summary().pruned)
+    assert ended_early and not any(k.startswith("micro-batch >=") for k in tuner.summary().not_run)
