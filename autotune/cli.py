@@ -241,9 +241,9 @@ def run(
 
     from autotune.config import load_config, parse_size, read_json, set_key
     from autotune.display import Progress, print_report
-    from autotune.engines import DeepSpeedUnavailable
     from autotune.job import TuningJob, check_job
     from autotune.results import ResultsDirError, ResultsLockedError
+    from autotune.runner.deepspeed_engine import DeepSpeedUnavailable
     from autotune.script_target import ScriptError, ScriptTarget
     from autotune.tuning import tune
     from autotune.workloads import WorkloadError, parse_workload_args

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.config import EngineName
-from autotune.engines import label as engine_label
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.tuner.space import Variant
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def format_summary(
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
             engine = job.config.autotuning.engine
-            lines.append(f"measured on: {engine_label(engine.value)}")
+            lines.append(f"measured on: {measuring_engine(engine).label}")
             if command is not None:
                 lines.append(f"train with it: {command}")
             elif engine is EngineName.deepspeed:

@@ -220,7 +220,7 @@ class ResultsDir:
         line = {
             **result.to_dict(),
             "target": spec.target,
-            "engine": spec.engine,
+            "engine": spec.engine.value,
             "ds_config": dict(spec.ds_config),
             **dict(extra or {}),
         }
