@@ -122,12 +122,12 @@ class BuiltinMeasuringEngine:
         return int(engine.peak_memory_bytes())
 
     def cpu_held_bytes(self, engine: Any) -> int:
-        return int(engine.memory.accounted_bytes) if engine is not None else 0
+        return int(engine.memory_tracker.accounted_bytes) if engine is not None else 0
 
     def activation_bytes(self, engine: Any, device: Any) -> int | None:
         if device.type == "cuda":  # the CUDA allocator counts them with everything else
             return None
-        return int(engine.memory.peak_by_kind["activations"])
+        return int(engine.memory_tracker.peak_by_kind["activations"])
 
 
 class DeepSpeedMeasuringEngine:
