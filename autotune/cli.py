@@ -331,8 +331,8 @@ def _param(flag: str) -> str:
 
 def _job_errors() -> tuple[type[Exception], ...]:
     """What assembling a job raises for input that cannot run (see make_job)."""
-    from autotune.engines import DeepSpeedUnavailable
     from autotune.results import ResultsDirError, ResultsLockedError
+    from autotune.runner.deepspeed_engine import DeepSpeedUnavailable
     from autotune.script_target import ScriptError
     from autotune.workloads import WorkloadError
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from autotune.config.autotuning import EngineName
 from autotune.script_target import ScriptTarget
 
 # An experiment's config in its folder, as the experiment's code reads it (config_read).
@@ -52,16 +53,17 @@ class ExperimentSpec:
         client_config: script mode: the config file the script reads, in its place (the
             user's keys, ``"auto"`` kept where a client fills it, the experiment's values set;
             see :func:`autotune.config.overrides.as_client_reads`).
-        engine: what measures it: ``"builtin"``, autotune's engine, or ``"deepspeed"``, the
-            installed DeepSpeed's own (:mod:`autotune.runner.deepspeed_engine`).
+        engine: what measures it: autotune's built-in engine, or the installed DeepSpeed's
+            own (:mod:`autotune.runner.measuring_engine`); its value in ``to_dict``.
         stop_above_step_s: multi-fidelity: the profile window ends after a timed step when
             even the fastest timed step so far took longer than this many seconds (the
             configuration cannot come within the tolerance of the leader). None: the whole
             window runs.
     """
 
-    # What the job decides has no default here: a spec is made from a job (tuning.py's
-    # experiment_spec), so the defaults live once, in the config and autotune/defaults.py.
+    # What the job decides has no default here: a spec is made from a job
+    # (autotune.job.experiment_spec), so the defaults live once, in the config and
+    # autotune/defaults.py.
     name: str
     ds_config: Mapping[str, Any]
     workload: str | None
@@ -77,10 +79,12 @@ class ExperimentSpec:
     script: ScriptTarget | None = None
     output_dir: str | None = None
     client_config: Mapping[str, Any] | None = None
-    engine: str = "builtin"
+    engine: EngineName = EngineName.builtin
     stop_above_step_s: float | None = None
 
     def __post_init__(self) -> None:
+        # A spec read back from JSON (from_dict) names its engine by value.
+        object.__setattr__(self, "engine", EngineName(self.engine))
         if self.script is not None:
             # The record (spec.json) must say what ran: never a workload a script replaced.
             object.__setattr__(self, "workload", None)
@@ -114,6 +118,7 @@ class ExperimentSpec:
         data = asdict(self)
         data["ds_config"] = dict(self.ds_config)
         data["workload_args"] = dict(self.workload_args)
+        data["engine"] = self.engine.value
         if self.client_config is not None:
             data["client_config"] = dict(self.client_config)
         return data

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import Config, EngineName, parse_size
 from autotune.config.overrides import as_client_reads
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
-from autotune.engines import installed_deepspeed
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
+from autotune.runner.deepspeed_engine import installed_deepspeed
 from autotune.script_target import ScriptTarget
 from autotune.tuner import Candidate
 from autotune.tuner.hardware import Hardware, hardware_for_device
@@ -233,6 +233,6 @@ def experiment_spec(
         script=job.script,
         output_dir=output_dir,
         client_config=client_config,
-        engine=tuning.engine.value,
+        engine=tuning.engine,
         stop_above_step_s=candidate.stop_above_step_s,
     )

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config.autotuning import EngineName
 from autotune.config.keys import get_key
 
 # Flags DeepSpeed scripts take their config file from (``deepspeed.add_config_arguments``
@@ -97,7 +98,7 @@ class ScriptTarget:
         ds_config: Mapping[str, Any],
         config_path: str,
         world_size: int,
-        engine: str = "builtin",
+        engine: EngineName = EngineName.builtin,
     ) -> list[str]:
         """The command that trains with ``ds_config`` on ``engine``, the one that measured it:
         ``autotune exec`` of the script on the built-in engine, plain ``torchrun`` (the
@@ -108,7 +109,7 @@ class ScriptTarget:
         if config_flag(argv) is None:
             argv += ["--deepspeed_config", config_path]
         script = ["-m", self.module] if self.module else [self.path]
-        if engine == "deepspeed":
+        if engine is EngineName.deepspeed:
             launch = ["torchrun", "--standalone", "--nproc_per_node", str(world_size)]
         else:
             launch = ["autotune", "exec", "--nproc", str(world_size), "--"]

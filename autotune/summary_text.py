@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import EngineName
-from autotune.engines import label as engine_label
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
 from autotune.tuner.space import Variant
 from autotune.tuner.summary import AtCap
@@ -279,7 +279,7 @@ def format_summary(
         lines += notes(summary)
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
-            lines.append(f"measured on: {engine_label(job.config.autotuning.engine.value)}")
+            lines.append(f"measured on: {measuring_engine(job.config.autotuning.engine).label}")
             lines.append(f"train with it: {train_with(job, optimal_path, command)}")
     if summary.best_per_variant:
         lines.append("best per ZeRO variant:")

@@ -185,7 +185,7 @@ def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: P
     measured it (None for a workload: its training script is the user's own)."""
     if job.script is None:
         return None
-    engine = job.config.autotuning.engine.value
+    engine = job.config.autotuning.engine
     path = str(optimal_path.resolve())
     return shlex.join(job.script.command(optimal, path, job.world_size, engine))
 

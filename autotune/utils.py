@@ -1,4 +1,8 @@
-"""``deepspeed.utils`` under autotune's name, one module (:mod:`autotune.deepspeed.utils`)."""
+"""``deepspeed.utils`` where a script that changed ``deepspeed`` to ``autotune`` looks for it
+(``from autotune.utils import logger, log_dist``): DeepSpeed's names, not autotune's own. The
+path is kept for those scripts (the README's ``import autotune as deepspeed``); the module is
+:mod:`autotune.deepspeed.utils`, which autotune's code imports.
+"""
 
 import sys
 

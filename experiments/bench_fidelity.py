@@ -32,9 +32,9 @@ from bench_specs import timed_spec  # type: ignore[import-not-found]
 
 from autotune.bench.stats import spearman
 from autotune.defaults import DEFAULT_WORKLOAD
-from autotune.engines import installed_deepspeed
 from autotune.experiment import ExperimentSpec
 from autotune.runner import LocalRunner
+from autotune.runner.deepspeed_engine import installed_deepspeed
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("deepspeed", "builtin")

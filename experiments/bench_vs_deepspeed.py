@@ -47,10 +47,10 @@ from typing import Any
 from bench_specs import timed_spec  # type: ignore[import-not-found]
 
 from autotune.defaults import DEFAULT_CPUS_PER_RANK
-from autotune.engines import installed_deepspeed
 from autotune.experiment import ExperimentSpec
 from autotune.results import load_results
 from autotune.runner import LocalRunner
+from autotune.runner.deepspeed_engine import installed_deepspeed
 from autotune.script_target import ScriptTarget
 
 ROOT = Path(__file__).resolve().parents[1]

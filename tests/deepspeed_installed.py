@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.engines import DeepSpeedUnavailable, installed_deepspeed
+from autotune.runner.deepspeed_engine import DeepSpeedUnavailable, installed_deepspeed
 
 
 def _deepspeed_installed() -> bool:

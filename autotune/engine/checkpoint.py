@@ -63,7 +63,7 @@ def save(
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     folder = Path(save_dir) / tag
     save_id = _agree(engine, uuid.uuid4().hex)
-    rank, stage = engine.comm.rank, engine.zero.stage
+    rank, stage = engine.communicator.rank, engine.zero.stage
     if stage > 0 or rank == 0:
         _write(folder / shard_file(rank), {"save_id": save_id, **_shard_state(engine)})
     _barrier(engine)
@@ -82,7 +82,7 @@ def save(
             "loss_scaler": engine.loss_scaler.state_dict(),
             "client_state": dict(client_state),
             "ds_config": engine.config.to_dict(),
-            "dp_world_size": engine.comm.world_size,
+            "dp_world_size": engine.communicator.world_size,
         }
         _write(folder / MODEL_STATES, state)
         if save_latest:
@@ -124,7 +124,7 @@ def load(
         problem = None
     except CheckpointError as err:
         problem = err
-    if engine.comm.any_rank(problem is not None):
+    if engine.communicator.any_rank(problem is not None):
         raise problem or CheckpointError(f"{folder}: another rank could not load its shard")
     optimizer_too = load_optimizer_states and not load_module_only
     with torch.no_grad():
@@ -154,7 +154,7 @@ def _shape(engine: ZeroEngine) -> dict[str, Any]:
     """What must match for a rank's shard to mean the same thing when loaded."""
     layout = engine.layout
     return {
-        "world_size": engine.comm.world_size,
+        "world_size": engine.communicator.world_size,
         "stage": engine.zero.stage,
         "precision": engine.config.precision,
         "param_names": reshard.param_names(engine),
@@ -237,7 +237,7 @@ def _read_checked(
     _check_compatible(state, engine, folder)
     saved_stage, saved_world = state["shape"]["stage"], state["shape"]["world_size"]
     if state["shape"] == _shape(engine):
-        own = _read_shard(folder, engine.comm.rank if saved_stage > 0 else 0, state)
+        own = _read_shard(folder, engine.communicator.rank if saved_stage > 0 else 0, state)
         if own["pieces"] == _pieces(engine):
             return state, [own], True
         # Otherwise the same layout is split into other sub-groups (sub_group_size).
@@ -308,13 +308,15 @@ def _read(path: Path, what: str) -> dict[str, Any]:
 
 def _agree(engine: ZeroEngine, value: str) -> str:
     """Rank 0's ``value`` on every rank."""
-    if engine.comm.group is None:
+    if engine.communicator.group is None:
         return value
     box = [value]
-    dist.broadcast_object_list(box, dist.get_global_rank(engine.comm.group, 0), engine.comm.group)
+    dist.broadcast_object_list(
+        box, dist.get_global_rank(engine.communicator.group, 0), engine.communicator.group
+    )
     return str(box[0])
 
 
 def _barrier(engine: ZeroEngine) -> None:
-    if engine.comm.group is not None:
-        dist.barrier(group=engine.comm.group)
+    if engine.communicator.group is not None:
+        dist.barrier(group=engine.communicator.group)

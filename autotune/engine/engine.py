@@ -64,7 +64,7 @@ class ZeroEngine(nn.Module):
         super().__init__()
         check_supported(config)
         self.config = config
-        self.comm = Communicator(group)
+        self.communicator = Communicator(group)
         backend = dist.get_backend(group) if group is not None else None
         if backend == dist.Backend.NCCL:
             self.device = local_cuda_device()
@@ -84,12 +84,16 @@ class ZeroEngine(nn.Module):
         budget = (
             device_memory_bytes if device_memory_bytes is not None else (config.device_memory_bytes)
         )
-        self.memory = MemoryTracker(self.device, budget)
-        self.comm.tracker = self.memory  # its receive buffers count too
-        self._activations = ActivationTracker(self.memory) if self.device.type == "cpu" else None
-        account_untrained(module, trainable, self.memory)
+        self.memory_tracker = MemoryTracker(self.device, budget)
+        self.communicator.tracker = self.memory_tracker  # its receive buffers count too
+        self._activations = (
+            ActivationTracker(self.memory_tracker) if self.device.type == "cpu" else None
+        )
+        account_untrained(module, trainable, self.memory_tracker)
 
-        placement = Placement(self.zero, self.comm, self.memory, self.dtype, self.device)
+        placement = Placement(
+            self.zero, self.communicator, self.memory_tracker, self.dtype, self.device
+        )
         built = build_stage(module, trainable, placement)
         self.params, self.layout, self.grads = built.params, built.layout, built.grads
         self.stage3, self._flat_params = built.stage3, built.flat_params
@@ -102,11 +106,11 @@ class ZeroEngine(nn.Module):
             built.params_in_owned,
             ParamGroups(group_options, tuple(group_of[id(p)] for p in self.params)),
             config.optimizer,
-            self.memory,
+            self.memory_tracker,
             offload=self.zero.offload_optimizer,
             sub_group_numel=self.zero.sub_group_numel,
             # From stage 1 on a parameter may be split across ranks (a world of one sums nothing).
-            sum_over_ranks=self.comm.sum_small if self.zero.stage > 0 else None,
+            sum_over_ranks=self.communicator.sum_small if self.zero.stage > 0 else None,
             optimizer_factory=optimizer_factory,
         )
         self.optimizer = self.master.optimizer
@@ -132,7 +136,7 @@ class ZeroEngine(nn.Module):
 
     def _broadcast_module(self) -> None:
         """Every rank starts from rank 0's weights and buffers, as DeepSpeed does."""
-        self.comm.broadcast_from_first([*self.module.parameters(), *self.module.buffers()])
+        self.communicator.broadcast_from_first([*self.module.parameters(), *self.module.buffers()])
 
     def _grad_hook(self, index: int) -> Callable[[nn.Parameter], None]:
         # Weak: the hook is held by the parameter on the C++ side, where the garbage collector
@@ -197,7 +201,7 @@ class ZeroEngine(nn.Module):
         self.grads.begin_backward(self.is_gradient_accumulation_boundary())
         # Averaging over ranks and micro-batches is folded into the scale: the reduction sums.
         accumulation = self.gradient_accumulation_steps() if scale_wrt_gas else 1
-        scale = self.loss_scaler.scale / (accumulation * self.comm.world_size)
+        scale = self.loss_scaler.scale / (accumulation * self.communicator.world_size)
         with engine_backward():
             (loss.float() * scale).backward(retain_graph=retain_graph)
         self.grads.finish_backward()
@@ -304,7 +308,7 @@ class ZeroEngine(nn.Module):
     def _global_grad_norm(self) -> torch.Tensor:
         square_sum = self.master.grad_square_sum()
         if self.zero.stage > 0:
-            square_sum = self.comm.sum_small(square_sum)
+            square_sum = self.communicator.sum_small(square_sum)
         return square_sum.sqrt()
 
     def _publish_params(self) -> None:
@@ -323,16 +327,16 @@ class ZeroEngine(nn.Module):
         needs the pieces side by side.
         """
         assert self._flat_params is not None
-        flat, layout, n = self._flat_params, self.layout, self.comm.world_size
+        flat, layout, n = self._flat_params, self.layout, self.communicator.world_size
         handles: list[Any] = []
         for round_ in layout.gather_chunks(self.zero.allgather_bucket_numel):
             if len(handles) == 2:
                 handles.pop(0).wait()
             pieces = [segment_rows(flat, layout.segments[s], n)[:, a:b] for s, a, b in round_]
             if self.zero.allgather_partitions:
-                handles.append(self.comm.all_gather_rows(pieces))
+                handles.append(self.communicator.all_gather_rows(pieces))
             else:
-                handles.append(self.comm.broadcast_rows(pieces))
+                handles.append(self.communicator.broadcast_rows(pieces))
         for handle in handles:
             handle.wait()
 
@@ -342,10 +346,10 @@ class ZeroEngine(nn.Module):
         Deciding together (one tiny all-reduce) keeps a rank that fits from waiting forever in
         the next collective for a rank that stopped.
         """
-        if self.memory.budget_bytes is None:
+        if self.memory_tracker.budget_bytes is None:
             return
-        if self.comm.any_rank(self.memory.exceeded()):
-            raise self.memory.out_of_memory(where)
+        if self.communicator.any_rank(self.memory_tracker.exceeded()):
+            raise self.memory_tracker.out_of_memory(where)
 
     # --- DeepSpeed's accessors ------------------------------------------------------------
 
@@ -400,11 +404,11 @@ class ZeroEngine(nn.Module):
 
     @property
     def global_rank(self) -> int:
-        return self.comm.rank
+        return self.communicator.rank
 
     @property
     def world_size(self) -> int:
-        return self.comm.world_size
+        return self.communicator.world_size
 
     @property
     def local_rank(self) -> int:
@@ -413,7 +417,7 @@ class ZeroEngine(nn.Module):
 
     @property
     def dp_world_size(self) -> int:
-        return self.comm.world_size
+        return self.communicator.world_size
 
     def get_global_grad_norm(self) -> float | None:
         """The norm of the last optimizer step's gradients, unscaled and before clipping
@@ -478,21 +482,21 @@ class ZeroEngine(nn.Module):
 
     @torch.no_grad()
     def _take_modified(self, params: Sequence[nn.Parameter], modifier_rank: int) -> None:
-        if self.comm.group is not None:
-            source = dist.get_global_rank(self.comm.group, modifier_rank)
+        if self.communicator.group is not None:
+            source = dist.get_global_rank(self.communicator.group, modifier_rank)
             for param in params:
-                dist.broadcast(param.data, source, group=self.comm.group)
+                dist.broadcast(param.data, source, group=self.communicator.group)
         if self.stage3 is not None:
             self.stage3.store_gathered()
         self.master.reload()
 
     def peak_memory_bytes(self) -> int:
         """Peak device bytes of this rank: the CUDA allocator's, or the accounted peak on CPU."""
-        return self.memory.peak_bytes()
+        return self.memory_tracker.peak_bytes()
 
     def memory_breakdown(self) -> dict[str, int]:
         """Device bytes held now, by kind (params, grads, optimizer_state, ...)."""
-        return dict(self.memory.current)
+        return dict(self.memory_tracker.current)
 
     @property
     def loss_scale(self) -> float:
@@ -577,15 +581,15 @@ class ZeroEngine(nn.Module):
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
-        return state if self.comm.rank == 0 else None
+        return state if self.communicator.rank == 0 else None
 
     def save_model_state_dict(self, path: str | Path) -> None:
         """Write the full state dict to ``path`` from rank 0 (every rank must call this)."""
         state = self.module_state_dict()
-        if self.comm.rank == 0:
+        if self.communicator.rank == 0:
             torch.save(state, path)
-        if self.comm.group is not None:
-            dist.barrier(group=self.comm.group)
+        if self.communicator.group is not None:
+            dist.barrier(group=self.communicator.group)
 
     @torch.no_grad()
     def load_model_state_dict(self, source: str | Path | dict[str, torch.Tensor]) -> None:

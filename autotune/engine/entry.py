@@ -129,7 +129,7 @@ def initialize(
     if training_data is not None:
         # Always a DistributedSampler, as DeepSpeed's loader: scripts call set_epoch on it.
         sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(
-            training_data, num_replicas=world_size, rank=engine.comm.rank
+            training_data, num_replicas=world_size, rank=engine.communicator.rank
         )
         loader = torch.utils.data.DataLoader(
             training_data,

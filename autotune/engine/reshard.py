@@ -106,7 +106,7 @@ def restore(
         weights[name] = values.view(named[name].shape).to(named[name].dtype)
     engine.load_model_state_dict(weights)  # shards, stage-3 units and the master follow
     names = param_names(engine)
-    rank, stage = engine.comm.rank, engine.zero.stage
+    rank, stage = engine.communicator.rank, engine.zero.stage
     pieces = engine.master.pieces
     new_state: dict[int, dict[str, Any]] = {}
     for piece, tensor, state_index in zip(

@@ -251,7 +251,7 @@ class ResultsDir:
         line = {
             **result.to_dict(),
             "target": spec.target,
-            "engine": spec.engine,
+            "engine": spec.engine.value,
             "ds_config": dict(spec.ds_config),
             **(proposal.to_dict() if proposal is not None else {}),
         }

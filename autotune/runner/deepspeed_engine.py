@@ -13,7 +13,11 @@ returns to how import left it, and Accelerate's singletons are forgotten. Its co
 is kept: it follows torch's default group, which each experiment makes afresh, and its CPU
 shared-memory all-reduce is set up once per process (a second backend would map another
 64 MiB a rank). After a failed experiment the gang is replaced instead
-(:data:`autotune.engines.FRESH_AFTER_FAILURE`): a failure can leave anything half done.
+(:attr:`autotune.runner.measuring_engine.MeasuringEngine.fresh_after_failure`): a failure can
+leave anything half done.
+
+Torch-free at import: the driver checks the installed DeepSpeed (:func:`installed_deepspeed`)
+before anything starts, and importing DeepSpeed probes accelerators and takes seconds.
 """
 
 from __future__ import annotations
@@ -22,16 +26,54 @@ import contextlib
 import copy
 import glob
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.engine.hooks import EngineObserver
-from autotune.engines import installed_deepspeed
 from autotune.runner.process import entries_set, proc_status
+
+if TYPE_CHECKING:  # the engine package imports torch; its hooks need none
+    from autotune.engine.hooks import EngineObserver
+
+# The oldest DeepSpeed whose ``initialize`` / engine API this runner calls as it does.
+MIN_VERSION = (0, 14, 0)
+
+
+class DeepSpeedUnavailable(RuntimeError):
+    """``autotuning.engine`` is ``deepspeed`` but no usable DeepSpeed is installed."""
+
+
+def installed_deepspeed() -> str:
+    """The installed DeepSpeed's version, checked against :data:`MIN_VERSION`, without
+    importing it (importing DeepSpeed probes accelerators and takes seconds).
+
+    Raises:
+        DeepSpeedUnavailable: none is installed, or it is older than :data:`MIN_VERSION`.
+    """
+    wanted = ".".join(map(str, MIN_VERSION))
+    try:
+        version = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        raise DeepSpeedUnavailable(
+            f"autotuning.engine is 'deepspeed' but DeepSpeed is not installed here: "
+            f"pip install 'deepspeed>={wanted}' (or autotune's 'deepspeed' extra)"
+        ) from None
+    if "+autotune" in version:  # autotune's own stand-in, inside an experiment
+        raise DeepSpeedUnavailable(
+            "autotuning.engine is 'deepspeed' but 'deepspeed' is autotune's stand-in here"
+        )
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+    if numbers < MIN_VERSION:
+        raise DeepSpeedUnavailable(
+            f"autotuning.engine is 'deepspeed' but DeepSpeed {version} is installed; autotune "
+            f"drives DeepSpeed >= {wanted}"
+        )
+    return version
 
 
 def load(world_size: int) -> Any:

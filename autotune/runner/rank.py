@@ -17,8 +17,8 @@ from datetime import timedelta
 from typing import Any
 
 from autotune.experiment import ExperimentSpec, Metrics, Status
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.runner.outcome import RankOutcome, failure_outcome
-from autotune.runner.process import torchrun_env
 
 
 def set_rank_threads(num_threads: int) -> None:
@@ -48,7 +48,7 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
 
         import_before_process_groups()
         device = _device_for(rank)
-        with _engine_session(spec, rank, init_method, device):
+        with measuring_engine(spec.engine).session(spec, rank, init_method, device):
             if spec.script is not None:
                 from autotune.runner.script import run_script
 
@@ -73,18 +73,6 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
     return outcome
 
 
-def _engine_session(
-    spec: ExperimentSpec, rank: int, init_method: str, device: Any
-) -> contextlib.AbstractContextManager[None]:
-    """What the experiment's engine needs around its run (DeepSpeed: torchrun's variables,
-    and its engines and process state let go at the end, see ``deepspeed_engine.session``)."""
-    if spec.engine != "deepspeed":
-        return contextlib.nullcontext()
-    from autotune.runner import deepspeed_engine
-
-    return deepspeed_engine.session(torchrun_env(spec.world_size, rank, init_method, device))
-
-
 def _device_for(rank: int) -> Any:
     import torch
 
@@ -101,7 +89,6 @@ def _profiled_run(
     import torch
     import torch.distributed as dist
 
-    import autotune.engine as engine_lib
     from autotune.profiling.flops import flops_per_micro_batch
     from autotune.profiling.interference import WindowCpu, sample_cpu
     from autotune.profiling.window import StepTimer, ends_early
@@ -119,21 +106,8 @@ def _profiled_run(
     if flops_per_sample is None:
         flops_per_sample = flops_per_micro_batch(workload, micro) / micro
 
-    if spec.engine == "deepspeed":
-        from autotune.runner import deepspeed_engine
-
-        engine = deepspeed_engine.initialize(model, config, spec.world_size)
-
-        def peak_memory_bytes() -> int:
-            return deepspeed_engine.peak_memory_bytes(device)
-    else:
-        engine, _, _, _ = engine_lib.initialize(
-            model=model,
-            config=dict(config),
-            process_group=dist.group.WORLD,
-            device_memory_bytes=spec.device_memory_bytes,
-        )
-        peak_memory_bytes = engine.peak_memory_bytes
+    measuring = measuring_engine(spec.engine)
+    engine = measuring.initialize(model, config, spec)
     generator = torch.Generator(device=device).manual_seed(spec.seed + 1000 * (rank + 1))
 
     def batches(num_steps: int) -> list[tuple[Any, ...]]:
@@ -178,7 +152,7 @@ def _profiled_run(
         timer.durations_s,
         train_batch_size=train_batch_size,
         flops_per_step=flops_per_sample * micro * accumulation,
-        peak_memory_bytes=int(peak_memory_bytes()),
+        peak_memory_bytes=measuring.peak_memory_bytes(engine, device),
     )
     return RankOutcome(
         rank=rank,

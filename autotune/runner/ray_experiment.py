@@ -13,8 +13,8 @@ from typing import Any
 
 import ray
 
-from autotune.engines import FRESH_AFTER_FAILURE
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.runner.outcome import (
     FAILURE_GRACE_S,
     RankOutcome,
@@ -103,12 +103,12 @@ class RunningExperiment:
     @property
     def gang_reusable(self) -> bool:
         """Every rank answered and none died: the actors are idle and clean (and, for an
-        engine in ``FRESH_AFTER_FAILURE``, every rank succeeded)."""
+        engine whose gang is fresh after a failure, every rank succeeded)."""
         return (
             len(self.outcomes) == self.spec.world_size
             and not self.gang_broken
             and (
-                self.spec.engine not in FRESH_AFTER_FAILURE
+                not measuring_engine(self.spec.engine).fresh_after_failure
                 or all(outcome.status is Status.ok for outcome in self.outcomes.values())
             )
         )

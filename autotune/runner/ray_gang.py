@@ -25,7 +25,9 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from autotune.config.autotuning import EngineName
 from autotune.experiment import ExperimentSpec
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.runner.outcome import RankOutcome, failure_outcome
 from autotune.runner.process import PortReservation, PortReserver, proc_status, reserve_port
 
@@ -48,8 +50,8 @@ class GangShape:
     cpus_per_rank: int
     gpus_per_rank: float
     resources_per_rank: tuple[tuple[str, float], ...] = ()
-    # What measures the experiments: a DeepSpeed gang loads DeepSpeed as it starts.
-    engine: str = "builtin"
+    # What measures the experiments: its actors prepare it as they start.
+    engine: EngineName = EngineName.builtin
 
     def bundle(self) -> dict[str, float]:
         """One rank's resources, as a placement-group bundle."""
@@ -102,15 +104,6 @@ class DriverPaths:
                 sys.path.append(path)
 
 
-def _prepare_deepspeed(world_size: int) -> None:
-    """Load DeepSpeed as the actor starts (:func:`autotune.runner.deepspeed_engine.prepare`).
-    A failure here is left for the experiment to meet and report with its traceback."""
-    from autotune.runner import deepspeed_engine
-
-    with contextlib.suppress(Exception):
-        deepspeed_engine.prepare(world_size)
-
-
 class _RankActor:
     """One rank's warm process. Decorated with ``ray.remote`` below."""
 
@@ -128,8 +121,9 @@ class _RankActor:
 
             torch.set_num_threads(shape.cpus_per_rank)
             import_before_process_groups()  # else paid inside the first experiment
-            if shape.engine == "deepspeed":
-                _prepare_deepspeed(shape.world_size)
+            # A failure here is left for the experiment to meet and report with its traceback.
+            with contextlib.suppress(Exception):
+                measuring_engine(shape.engine).prepare(shape.world_size)
         self._rank_fn = rank_fn
         self._reserve = reserve
         self._reservation: PortReservation | None = None

@@ -2,8 +2,9 @@
 
 The script runs in this (possibly warm) process through ``runpy``, as ``torchrun`` would run it:
 ``sys.argv`` set (with ``autotuning.arg_mappings`` applied), torchrun's environment variables
-set, and ``import deepspeed`` resolving to autotune (with ``autotuning.engine: deepspeed``, to
-the installed DeepSpeed, watched by :func:`autotune.runner.deepspeed_engine.observing`). A
+set, and ``import deepspeed`` resolving to the experiment's engine (autotune standing in, or
+with ``autotuning.engine: deepspeed`` the installed DeepSpeed, watched; see
+:meth:`autotune.runner.measuring_engine.MeasuringEngine.observing`). A
 :class:`ScriptObserver` installed on the engine's hooks gives ``initialize()`` the experiment's
 config, times the profile window at optimizer-step boundaries, counts one step's FLOPs, and then
 ends the script's run by raising :class:`WindowDone` from inside ``engine.step()``.
@@ -34,12 +35,10 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import overlay
-from autotune.deepspeed.stand_in import standing_in
-from autotune.engine import hooks
 from autotune.experiment import CONFIG_NAME, ExperimentSpec, Metrics, Status
 from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
 from autotune.profiling.window import StepTimer, ends_early
-from autotune.runner import deepspeed_engine
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.runner.outcome import RankOutcome
 from autotune.runner.process import torchrun_env
 from autotune.script_target import ScriptTarget
@@ -88,6 +87,7 @@ class ScriptObserver:
 
     def __init__(self, spec: ExperimentSpec, device: torch.device, started: float) -> None:
         self.spec = spec
+        self.measuring = measuring_engine(spec.engine)
         self.device = device
         self.started = started
         self.engine: Any = None
@@ -122,13 +122,9 @@ class ScriptObserver:
         kept = sorted(set(config or {}) - set(experiment) - {"autotuning"})
         if kept:
             print(f"autotune: kept from the script's own config: {', '.join(kept)}", flush=True)
-        if self.spec.device_memory_bytes is not None and not self._on_deepspeed:
+        if self.spec.device_memory_bytes is not None and self.measuring.enforces_memory_budget:
             candidate["device_memory_bytes"] = self.spec.device_memory_bytes
         return candidate
-
-    @property
-    def _on_deepspeed(self) -> bool:
-        return self.spec.engine == "deepspeed"
 
     def on_engine(self, engine: Any) -> None:
         self.engine = engine
@@ -218,21 +214,15 @@ class ScriptObserver:
     def _held_bytes(self) -> int:
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
-        if self._on_deepspeed:
-            return deepspeed_engine.resident_bytes()
-        return int(self.engine.memory.accounted_bytes) if self.engine is not None else 0
+        return self.measuring.cpu_held_bytes(self.engine)
 
     def _measure(self, engine: Any) -> Metrics:
         micro = int(engine.train_micro_batch_size_per_gpu())
-        if self._on_deepspeed:
-            peak = deepspeed_engine.peak_memory_bytes(self.device)
-        else:
-            peak = int(engine.peak_memory_bytes())
-        if self.device.type == "cuda" or self._on_deepspeed:
+        peak = self.measuring.peak_memory_bytes(engine, self.device)
+        activations = self.measuring.activation_bytes(engine, self.device)
+        if activations is None:
             # No accounting of kinds: what the window added on top of what was held.
             activations = max(0, peak - self._held_at_window_bytes)
-        else:
-            activations = int(engine.memory.peak_by_kind["activations"])
         params = list({id(p): p for p in engine.module.parameters()}.values())
         metrics = Metrics.from_window(
             self.timer.durations_s,
@@ -278,7 +268,7 @@ def run_script(
     try:
         with (
             script_environment(spec, rank, init_method, device),
-            _engine_observed(observer, spec),
+            observer.measuring.observing(observer, spec),
         ):
             try:
                 _run(script, argv)
@@ -311,18 +301,6 @@ def run_script(
         window_cpu=observer.window_cpu.to_dict() if observer.window_cpu is not None else None,
         stopped_after_steps=observer.stopped_after_steps,
     )
-
-
-@contextlib.contextmanager
-def _engine_observed(observer: ScriptObserver, spec: ExperimentSpec) -> Iterator[None]:
-    """The script's ``deepspeed`` is the experiment's engine, reporting to ``observer``:
-    autotune's own (standing in for ``deepspeed``) or the installed DeepSpeed."""
-    if spec.engine == "deepspeed":
-        with deepspeed_engine.observing(observer, spec.world_size):
-            yield
-    else:
-        with standing_in(), hooks.observing(observer):
-            yield
 
 
 def _config_file(spec: ExperimentSpec, rank: int) -> str | None:

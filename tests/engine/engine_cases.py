@@ -125,7 +125,7 @@ def train(
         init["model_parameters"] = param_groups(model)
     engine, _, _, _ = initialize(model=model, config=config, **init)
     if backend_collectives:
-        engine.comm.exchange = False
+        engine.communicator.exchange = False
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     for step in range(steps):
         engine.module.use_side = _side_used(step)
@@ -186,7 +186,7 @@ def match_reference(
 def collectives(config: dict[str, Any], steps: int = 2) -> dict[str, Any]:
     """Collective calls (total and during backward) of a short run, and its memory."""
     engine = train(config, steps)
-    log = engine.comm.log
+    log = engine.communicator.log
     extra = {}
     if engine.stage3 is not None:
         extra = {

@@ -221,7 +221,7 @@ def test_world_of_one_trains_without_a_launcher(stage: int) -> None:
             "zero_optimization": {"stage": stage},
         },
     )
-    assert engine.comm.group is None and engine.train_micro_batch_size_per_gpu() == 2
+    assert engine.communicator.group is None and engine.train_micro_batch_size_per_gpu() == 2
     before = engine.module_state_dict()
     for _ in range(4):
         engine.backward(engine(torch.randn(2, 4)).pow(2).mean())
@@ -229,7 +229,7 @@ def test_world_of_one_trains_without_a_launcher(stage: int) -> None:
     assert engine.global_steps == 2 and scheduler is not None
     after = engine.module_state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert sum(engine.comm.log.calls.values()) == 0
+    assert sum(engine.communicator.log.calls.values()) == 0
     assert engine.peak_memory_bytes() > 0
 
 

@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import autotune.engines
 import autotune.job
 from autotune.cli import app
 from autotune.config import load_config
+from autotune.config.autotuning import EngineName
 from autotune.job import TuningJob
 from autotune.results import load_results
+from autotune.runner import deepspeed_engine
 from autotune.runner.deepspeed_engine import STALE_AGE_S, clear_leftovers
 from autotune.script_target import ScriptTarget
 from tests.deepspeed_installed import needs_deepspeed
@@ -108,7 +109,7 @@ def test_without_deepspeed_the_run_stops_before_anything_starts(
     def missing(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(autotune.engines.importlib.metadata, "version", missing)
+    monkeypatch.setattr(deepspeed_engine.importlib.metadata, "version", missing)
     results = tmp_path / "results"
     outcome = cli.invoke(app, ["run", "--engine", "deepspeed", "--results-dir", str(results)])
     assert outcome.exit_code == 2
@@ -118,15 +119,15 @@ def test_without_deepspeed_the_run_stops_before_anything_starts(
 
 
 def test_a_deepspeed_too_old_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(autotune.engines.importlib.metadata, "version", lambda _: "0.9.5")
-    with pytest.raises(autotune.engines.DeepSpeedUnavailable, match=r"0\.9\.5 is installed"):
-        autotune.engines.installed_deepspeed()
+    monkeypatch.setattr(deepspeed_engine.importlib.metadata, "version", lambda _: "0.9.5")
+    with pytest.raises(deepspeed_engine.DeepSpeedUnavailable, match=r"0\.9\.5 is installed"):
+        deepspeed_engine.installed_deepspeed()
 
 
 def test_the_training_command_runs_the_engine_that_measured() -> None:
     target = ScriptTarget.from_command([str(SCRIPT), "--deepspeed", "ds.json"])
     builtin = target.command({}, "best.json", 2)
-    deepspeed = target.command({}, "best.json", 2, engine="deepspeed")
+    deepspeed = target.command({}, "best.json", 2, engine=EngineName.deepspeed)
     assert builtin[:2] == ["autotune", "exec"]
     assert deepspeed[:4] == ["torchrun", "--standalone", "--nproc_per_node", "2"]
     assert deepspeed[4:] == [str(SCRIPT), "--deepspeed", "best.json"]
@@ -241,8 +242,6 @@ def test_the_cpus_description_is_asked_once_a_boot(
 ) -> None:
     import sys
     import types
-
-    from autotune.runner import deepspeed_engine
 
     asked = []
     fake = types.ModuleType("cpuinfo")

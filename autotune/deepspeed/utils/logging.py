@@ -30,7 +30,7 @@ class _CurrentStdout(logging.StreamHandler):
 
 
 def _make_logger() -> logging.Logger:
-    log = logging.getLogger("autotune.script")
+    log = logging.getLogger(__name__)
     if not log.handlers:
         handler = _CurrentStdout()
         handler.setFormatter(
