@@ -95,7 +95,9 @@ def test_each_landscape_separates_its_best_from_its_median_configuration(path: P
     assert runner.best_value >= 1.2 * medians[len(medians) // 2]
 
 
-REPLAY_SEEDS = range(12)
+# Six seeds: the median of each tuner's final share; the seeded sequences themselves are pinned
+# by test_proposals.
+REPLAY_SEEDS = range(6)
 
 
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
