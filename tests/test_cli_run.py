@@ -99,6 +99,7 @@ def test_run_report_best_and_resume(tmp_path: Path) -> None:
     assert table.exit_code == 0 and all(name in table.stdout for name in frame["name"])
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_loses_nothing_and_resume_finishes(tmp_path: Path) -> None:
     config, results = write_config(tmp_path), tmp_path / "results"
     log = results / "experiments.jsonl"

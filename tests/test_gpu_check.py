@@ -15,6 +15,7 @@ SCRIPT = REPO / "experiments" / "gpu_check.sh"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run's skip checks need no CUDA")
+@pytest.mark.slow
 def test_the_dry_run_checks_every_step_without_a_gpu(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)

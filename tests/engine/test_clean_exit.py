@@ -21,6 +21,7 @@ RUNS_PER_STAGE = 2
 
 @pytest.mark.timeout(600)
 @pytest.mark.multirank
+@pytest.mark.slow
 def test_a_script_that_never_destroys_its_group_exits_cleanly_at_every_stage() -> None:
     runs = [stage for stage in range(4) for _ in range(RUNS_PER_STAGE)]
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -201,6 +201,7 @@ def saved_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_training_on_the_built_in_engine_matches_ddp_at_every_stage(
     tmp_path: Path, saved_model: Path
 ) -> None:

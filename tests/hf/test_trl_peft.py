@@ -19,7 +19,7 @@ from tests.client_scripts import micro_batch_used, train_with_best, tune, write
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
-pytestmark = pytest.mark.multirank
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
 SFT = Path(__file__).parent / "sft_lora.py"
 WORDS = [f"w{i}" for i in range(60)]

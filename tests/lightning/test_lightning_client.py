@@ -27,7 +27,7 @@ from tests.deepspeed_installed import needs_deepspeed
 from tests.torchrun import torchrun
 
 pytest.importorskip("pytorch_lightning")
-pytestmark = pytest.mark.multirank
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent / "lightning_lm.py"
 CONFIG = {

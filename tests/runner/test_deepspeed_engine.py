@@ -162,6 +162,7 @@ def test_a_workload_is_tuned_on_deepspeed_at_every_stage_and_resumes(
 @needs_deepspeed
 @pytest.mark.ray
 @pytest.mark.multirank
+@pytest.mark.slow
 def test_a_deepspeed_script_is_tuned_on_deepspeed_with_its_failures_recorded(
     ray_cluster: str, tmp_path: Path
 ) -> None:

@@ -21,6 +21,7 @@ FAULTS = {"2": "raise", "3": "hang", "5": "kill", "6": "segfault", "7": "oom"}
 EXPECTED = {1: "ok", 2: "error", 3: "timeout", 4: "ok", 5: "error", 6: "error", 7: "oom"}
 
 
+@pytest.mark.slow
 def test_every_listed_micro_batch_runs_and_fails_on_its_own(
     ray_cluster: str, tmp_path: Path
 ) -> None:

@@ -58,6 +58,7 @@ def test_exceeding_the_memory_budget_is_status_oom() -> None:
     assert result.error is not None
 
 
+@pytest.mark.slow
 def test_a_hang_is_cut_by_the_timeout() -> None:
     result = run_local(spec("hang", FAULTY, {"fault": "sleep", "rank_to_fail": 0}, timeout_s=12))
     # The runner's own SIGKILL of the hung ranks is not mistaken for the OOM killer's.

@@ -35,7 +35,7 @@ from tests.runner.sim_cluster import (
     tuning_job,
 )
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 NODES, GPUS_PER_NODE = 2, 4  # world size 2: two experiments per node, four in all
 
 

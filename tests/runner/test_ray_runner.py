@@ -138,6 +138,7 @@ def test_out_of_memory_is_status_oom_and_keeps_the_actors(
     assert_clean_run(runner, baseline)
 
 
+@pytest.mark.slow
 def test_a_hang_is_cut_by_the_timeout_and_its_actors_are_replaced(
     runner: RayRunner, baseline: list[ActorInfo]
 ) -> None:

@@ -137,6 +137,7 @@ def two_node_cluster() -> Iterator[str]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_experiments_run_on_the_node_they_ask_for(two_node_cluster: str) -> None:
     env = {**os.environ, **NO_AUTH, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)

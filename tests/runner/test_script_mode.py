@@ -53,6 +53,7 @@ def loader_batch(results: Path, name: str, rank: int) -> int:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_tunes_the_script_and_records_its_failures(ray_cluster: str, tmp_path: Path) -> None:
     # The hang is cut at the timeout: short, but ample for this tiny script on a busy machine
     # (a new gang's start-up, after the hang, does not count against it).
@@ -90,6 +91,7 @@ def test_ray_tunes_the_script_and_records_its_failures(ray_cluster: str, tmp_pat
 
 
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("deepspeed", marks=needs_deepspeed)])
+@pytest.mark.slow
 def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path, engine: str) -> None:
     config = write_config(
         tmp_path, start_profile_step=1, end_profile_step=2, timeout_s=90, engine=engine
