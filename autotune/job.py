@@ -97,9 +97,9 @@ class TuningJob:
     def fingerprint(self) -> dict[str, Any]:
         """What makes two runs the same job (``tuned``) and what merely ran it (``versions``).
 
-        The ``autotuning`` section is left out of ``tuned``, except the profile window:
-        raising ``tuner_num_trials`` or changing the metric continues a run, while changing
-        how experiments are measured starts a different one.
+        The ``autotuning`` section is left out of ``tuned``, except the profile window and the
+        engine: raising ``tuner_num_trials`` or changing the metric continues a run, while
+        changing how experiments are measured starts a different one.
         """
         import torch
 
@@ -121,12 +121,7 @@ class TuningJob:
                 "device_memory_bytes": self.memory_budget,
                 "base_config": base,
                 "profile_window": window,
-                # Left out for the built-in engine, so its earlier results still resume.
-                **(
-                    {"engine": tuning["engine"]}
-                    if tuning.get("engine", "builtin") != "builtin"
-                    else {}
-                ),
+                "engine": self.config.autotuning.engine.value,
             },
             "versions": {
                 "autotune": autotune.__version__,

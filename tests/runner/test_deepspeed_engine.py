@@ -77,7 +77,7 @@ def write_config(tmp_path: Path, **overrides: Any) -> Path:
     return path
 
 
-def test_the_engine_is_part_of_the_job_and_builtin_jobs_keep_their_fingerprint() -> None:
+def test_the_engine_is_part_of_the_job() -> None:
     builtin = TuningJob(load_config({"train_micro_batch_size_per_gpu": 2}, world_size=2))
     deepspeed = TuningJob(
         load_config(
@@ -85,7 +85,7 @@ def test_the_engine_is_part_of_the_job_and_builtin_jobs_keep_their_fingerprint()
             world_size=2,
         )
     )
-    assert "engine" not in builtin.fingerprint()["tuned"]  # earlier results still resume
+    assert builtin.fingerprint()["tuned"]["engine"] == "builtin"
     assert deepspeed.fingerprint()["tuned"]["engine"] == "deepspeed"
 
 
