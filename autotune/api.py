@@ -74,7 +74,7 @@ class RunRequest:
     started_s: float | None = None
     names: Mapping[str, str] = field(default_factory=dict)
 
-    @cached_property  # once: the default results directory may warn
+    @cached_property
     def overrides(self) -> dict[str, Any]:
         """The ``autotuning`` keys set, as JSON holds them (an enum by its value, a path as
         text); the built-in config's results go to the default directory unless one is set."""

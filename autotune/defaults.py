@@ -13,7 +13,6 @@ autotune's own choice is here; an experiment's settings are derived from the job
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,25 +43,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
     },
 }
 
-EARLIER_DEFAULT_RESULTS_DIR = "autotune_results"
-"""Where the built-in config's results went before it took DeepSpeed's default."""
-
 
 def default_results_dir() -> Path:
     """Where the built-in config's results go, and where ``report`` and ``best`` look:
-    DeepSpeed's ``autotuning_results``, unless only a run of an earlier version
-    (``autotune_results``) is here, which keeps resuming there: the default never moves under
-    an existing run."""
+    DeepSpeed's ``autotuning_results``."""
     from autotune.config import AutotuningConfig
-    from autotune.results.store import FINGERPRINT_NAME
 
-    default = Path(AutotuningConfig().results_dir)
-    earlier = Path(EARLIER_DEFAULT_RESULTS_DIR)
-    if not default.exists() and (earlier / FINGERPRINT_NAME).exists():
-        warnings.warn(
-            f"using {earlier}, an earlier version's default results directory (the default "
-            f"is now {default}, as DeepSpeed's; name the directory to choose)",
-            stacklevel=2,
-        )
-        return earlier
-    return default
+    return Path(AutotuningConfig().results_dir)

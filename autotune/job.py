@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, EngineName, parse_size
+from autotune.config import Config, parse_size
 from autotune.config.overrides import as_client_reads
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.results import ResultsDir
-from autotune.runner.deepspeed_engine import installed_deepspeed
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.script_target import ScriptTarget
 from autotune.tuner import Candidate
 from autotune.tuner.hardware import Hardware, hardware_for_device
@@ -78,28 +78,28 @@ class TuningJob:
     def memory_budget(self) -> int | None:
         """The per-rank budget: the flag's, else the config's, else on a machine without a GPU:
 
-        - built-in engine: a default that stands in for a device. The engine enforces it, so
-          the tuner meets out-of-memory boundaries instead of growing micro-batches until the
-          host runs out of RAM.
-        - DeepSpeed: the host's RAM shared among the ranks. DeepSpeed enforces no budget, and
-          its CPU peak is the whole process's resident set. Set against the stand-in, that
+        - an engine that enforces it (the built-in one): a default that stands in for a
+          device, so the tuner meets out-of-memory boundaries instead of growing
+          micro-batches until the host runs out of RAM.
+        - one that does not (DeepSpeed): the host's RAM shared among the ranks. DeepSpeed's
+          CPU peak is the whole process's resident set. Set against the stand-in, that
           peak (libraries included) made every size look over the limit. The search then
           climbed one micro-batch at a time.
         """
         budget = self.device_memory_bytes or self.config.device_memory_bytes
         if budget is None and not _has_cuda():
-            if self.config.autotuning.engine is EngineName.deepspeed:
-                budget = _host_memory_bytes() // self.world_size
-            else:
+            if measuring_engine(self.config.autotuning.engine).enforces_memory_budget:
                 budget = parse_size(DEFAULT_CPU_DEVICE_MEMORY)
+            else:
+                budget = _host_memory_bytes() // self.world_size
         return budget
 
     def fingerprint(self) -> dict[str, Any]:
         """What makes two runs the same job (``tuned``) and what merely ran it (``versions``).
 
-        The ``autotuning`` section is left out of ``tuned``, except the profile window:
-        raising ``tuner_num_trials`` or changing the metric continues a run, while changing
-        how experiments are measured starts a different one.
+        The ``autotuning`` section is left out of ``tuned``, except the profile window and the
+        engine: raising ``tuner_num_trials`` or changing the metric continues a run, while
+        changing how experiments are measured starts a different one.
         """
         import torch
 
@@ -121,12 +121,7 @@ class TuningJob:
                 "device_memory_bytes": self.memory_budget,
                 "base_config": base,
                 "profile_window": window,
-                # Left out for the built-in engine, so its earlier results still resume.
-                **(
-                    {"engine": tuning["engine"]}
-                    if tuning.get("engine", "builtin") != "builtin"
-                    else {}
-                ),
+                "engine": self.config.autotuning.engine.value,
             },
             "versions": {
                 "autotune": autotune.__version__,
@@ -147,8 +142,7 @@ def check_job(job: TuningJob) -> None:
     """
     from autotune.workloads import check_workload
 
-    if job.config.autotuning.engine is EngineName.deepspeed:
-        installed_deepspeed()
+    measuring_engine(job.config.autotuning.engine).check_installed()
     if job.script is None:
         check_workload(job.workload, job.workload_args, seed=job.config.autotuning.seed)
     ResultsDir.check(job.results_path, job.fingerprint(), overwrite=job.overwrite)

@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config.autotuning import EngineName
 from autotune.config.keys import get_key
 
 # Flags DeepSpeed scripts take their config file from (``deepspeed.add_config_arguments``
@@ -94,26 +93,17 @@ class ScriptTarget:
         return flag_value(self.args, CONFIG_FLAGS)
 
     def command(
-        self,
-        ds_config: Mapping[str, Any],
-        config_path: str,
-        world_size: int,
-        engine: EngineName = EngineName.builtin,
+        self, ds_config: Mapping[str, Any], config_path: str, launcher: Sequence[str]
     ) -> list[str]:
-        """The command that trains with ``ds_config`` on ``engine``, the one that measured it:
-        ``autotune exec`` of the script on the built-in engine, plain ``torchrun`` (the
-        installed DeepSpeed) on ``deepspeed``; its mapped flags set to ``ds_config``'s values
-        and its config argument naming ``config_path`` (added as ``--deepspeed_config`` where
-        it had none)."""
+        """The command that trains with ``ds_config``: the script under ``launcher`` (that of
+        the engine that measured it, ``MeasuringEngine.launcher``), its mapped flags set to
+        ``ds_config``'s values and its config argument naming ``config_path`` (added as
+        ``--deepspeed_config`` where it had none)."""
         argv = self.argv(ds_config, config_path)[1:]
         if config_flag(argv) is None:
             argv += ["--deepspeed_config", config_path]
         script = ["-m", self.module] if self.module else [self.path]
-        if engine is EngineName.deepspeed:
-            launch = ["torchrun", "--standalone", "--nproc_per_node", str(world_size)]
-        else:
-            launch = ["autotune", "exec", "--nproc", str(world_size), "--"]
-        return [*launch, *script, *argv]
+        return [*launcher, *script, *argv]
 
     def file_hash(self) -> str:
         """sha256 of the script's file: a changed script is a different tuning job."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import EngineName
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
 from autotune.tuner.space import Variant
@@ -218,12 +217,8 @@ def train_with(job: TuningJob, optimal_path: Path, command: str | None) -> str:
     loop), else a workload's way on the engine that measured it."""
     if command is not None:
         return command
-    if job.config.autotuning.engine is EngineName.deepspeed:
-        return f"deepspeed train.py --deepspeed_config {optimal_path} (the engine that measured it)"
-    return (
-        f"your DeepSpeed script with --deepspeed_config {optimal_path} (on the built-in engine: "
-        f"autotune exec --nproc {job.world_size} -- train.py ...)"
-    )
+    engine = measuring_engine(job.config.autotuning.engine)
+    return engine.training_hint(optimal_path, job.world_size)
 
 
 def report_lines(

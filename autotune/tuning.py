@@ -28,6 +28,7 @@ from autotune.job import (
     workload_model_info,
 )
 from autotune.results import Proposal, ResultsDir
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.summary_text import format_summary, summary_json, train_with
 from autotune.tuner import Candidate, Tuner, TuningSummary
 
@@ -185,9 +186,9 @@ def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: P
     measured it (None for a workload: its training script is the user's own)."""
     if job.script is None:
         return None
-    engine = job.config.autotuning.engine
+    launcher = measuring_engine(job.config.autotuning.engine).launcher(job.world_size)
     path = str(optimal_path.resolve())
-    return shlex.join(job.script.command(optimal, path, job.world_size, engine))
+    return shlex.join(job.script.command(optimal, path, launcher))
 
 
 def _run_to_the_end(

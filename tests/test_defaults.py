@@ -4,7 +4,6 @@ experiment's settings from the job."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from autotune.defaults import (
     DEFAULT_CPUS_PER_RANK,
     DEFAULT_WORKLOAD,
     DEFAULT_WORLD_SIZE,
-    EARLIER_DEFAULT_RESULTS_DIR,
 )
 from autotune.job import TuningJob, experiment_spec
 from autotune.tuner import Candidate, Phase
@@ -90,26 +88,3 @@ def test_an_experiment_takes_every_setting_from_its_job(tmp_path: Path) -> None:
     assert (spec.cpus_per_rank, spec.device_memory_bytes) == (2, 2**30)
     assert job.results_path == tmp_path / "configured"
     assert TuningJob(config, results_dir=tmp_path / "flag").results_path == tmp_path / "flag"
-
-
-def test_a_run_an_earlier_version_left_in_its_default_directory_keeps_resuming_there(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The earlier run tuned the same default job, so the directory passes the pre-run check.
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    fingerprint = _job_of(monkeypatch).fingerprint()
-    monkeypatch.chdir(tmp_path)
-    earlier = tmp_path / EARLIER_DEFAULT_RESULTS_DIR
-    earlier.mkdir()
-    (earlier / "fingerprint.json").write_text(json.dumps(fingerprint))
-    with pytest.warns(UserWarning, match="using autotune_results, an earlier version's"):
-        job = _job_of(monkeypatch)
-    assert job.results_path == Path(EARLIER_DEFAULT_RESULTS_DIR)
-    # A user's config always went to DeepSpeed's default, and still does.
-    config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
-    assert _job_of(monkeypatch, "-c", str(config)).results_path == Path("autotuning_results")
-    # Once the new default exists, it is used.
-    (tmp_path / "autotuning_results").mkdir()
-    assert _job_of(monkeypatch).results_path == Path("autotuning_results")

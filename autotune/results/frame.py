@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,13 +13,11 @@ from autotune.experiment import ExperimentResult, Status, Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.profiling.interference import is_disturbed
 from autotune.results.store import (
-    FINGERPRINT_NAME,
     LOG_NAME,
     Proposal,
     ResultsDir,
     ResultsDirError,
 )
-from autotune.script_target import ScriptTarget
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, ranking
 
@@ -74,6 +71,7 @@ def load_results(
         >>> best = df[df.status == "ok"].sort_values("throughput", ascending=False).iloc[0]
         >>> int(best["zero_stage"]) in range(4), bool(best["throughput"] > 0)
         (True, True)
+        >>> import json
         >>> ranked = load_results("results/example_run", ranked_by="throughput")
         >>> ranked.iloc[0]["name"] == json.load(open("results/example_run/summary.json"))[
         ...     "best"]["name"]
@@ -84,30 +82,27 @@ def load_results(
     directory = Path(path)
     if not (directory / LOG_NAME).exists():
         raise ResultsDirError(f"{directory} is not an autotune results directory (no {LOG_NAME})")
-    job_target = _job_target(directory)
     results = ResultsDir(directory)
     if ranked_by is None:
-        rows = [_row(record, job_target) for record in results.records()]
+        rows = [_row(record) for record in results.records()]
     elif runs:
-        rows = [_row(record, job_target) for record in results.ranked_runs(Metric(ranked_by))]
+        rows = [_row(record) for record in results.ranked_runs(Metric(ranked_by))]
     else:
-        rows = _configuration_rows(results.records(), Metric(ranked_by), job_target)
+        rows = _configuration_rows(results.records(), Metric(ranked_by))
     frame = pd.DataFrame(rows, columns=_columns(rows))
     if not frame.empty:
         frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
     return frame
 
 
-def _configuration_rows(
-    records: list[dict[str, Any]], metric: Metric, job_target: str | None
-) -> list[dict[str, Any]]:
+def _configuration_rows(records: list[dict[str, Any]], metric: Metric) -> list[dict[str, Any]]:
     """One row per configuration in the run's ranking, then those that never ran ok: the
     original's record, its metrics folded over the runs the ranking counts (see
     :func:`fold_runs`)."""
     by_name = {record["name"]: record for record in records}
     rows = []
     for ranked in ranking((ExperimentResult.from_dict(r) for r in records), metric):
-        row = _row(by_name.get(ranked.name) or by_name[ranked.runs[0]], job_target)
+        row = _row(by_name.get(ranked.name) or by_name[ranked.runs[0]])
         row["name"], row["status"] = ranked.name, Status.ok.value
         row.update(fold_runs(ranked, metric, {run: by_name[run]["metrics"] for run in ranked.runs}))
         rows.append(
@@ -121,9 +116,7 @@ def _configuration_rows(
     ranked_names = {row["name"] for row in rows}
     for name, record in by_name.items():
         if split_repeat(name)[1] == 0 and name not in ranked_names:
-            rows.append(
-                {**_row(record, job_target), "runs": 0, "spread": None, "disturbed_runs": 0}
-            )
+            rows.append({**_row(record), "runs": 0, "spread": None, "disturbed_runs": 0})
     return rows
 
 
@@ -165,21 +158,7 @@ def _number(measured: Mapping[str, Any], column: str) -> bool:
     return value is not None and value == value  # NaN: a frame's missing value
 
 
-def _job_target(directory: Path) -> str | None:
-    """What the directory's job ran, from its fingerprint: for log lines written before each
-    line named its target."""
-    try:
-        tuned = json.loads((directory / FINGERPRINT_NAME).read_text(encoding="utf-8"))["tuned"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    script = tuned.get("script")
-    if isinstance(script, dict) and "script" in script:
-        return ScriptTarget(path=str(script["script"]), module=script.get("module")).label
-    workload = tuned.get("workload")
-    return str(workload) if workload is not None else None
-
-
-def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any]:
+def _row(record: dict[str, Any]) -> dict[str, Any]:
     config = record.get("ds_config") or {}
     metrics = record.get("metrics") or {}
     timings = record.get("timings") or {}
@@ -199,8 +178,8 @@ def _row(record: dict[str, Any], job_target: str | None = None) -> dict[str, Any
         "overhead_s": Timings(**timings).overhead_s if "total_s" in timings else None,
         "node_ids": tuple(record.get("node_ids") or ()),
         "repeat_of": proposal.repeat_of if (proposal := Proposal.of(record)) else None,
-        "target": record.get("target", job_target),
-        "engine": record.get("engine", "builtin"),  # logs before the choice: builtin
+        "target": record.get("target"),
+        "engine": record.get("engine"),
     }
     for key in (*SEARCHABLE_KEYS, *EXTRA_KNOBS):
         if "." in key:

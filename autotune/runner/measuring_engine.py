@@ -14,7 +14,9 @@ engines themselves load inside the methods a rank calls. DeepSpeed's rank side i
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.config.autotuning import EngineName
@@ -41,6 +43,24 @@ class MeasuringEngine(Protocol):
     @property
     def label(self) -> str:
         """How summaries name it."""
+        ...
+
+    def check_installed(self) -> None:
+        """Raise before anything starts where this engine cannot run here.
+
+        Raises:
+            DeepSpeedUnavailable: it is DeepSpeed, and none usable is installed.
+        """
+        ...
+
+    def launcher(self, world_size: int) -> list[str]:
+        """The command that trains a script on it over ``world_size`` ranks, the script and
+        its arguments to follow."""
+        ...
+
+    def training_hint(self, optimal_path: Path, world_size: int) -> str:
+        """How to train with the best config (``optimal_path``) of a workload on it: the
+        user's own training script, which autotune does not know."""
         ...
 
     def prepare(self, world_size: int) -> None:
@@ -88,6 +108,19 @@ class BuiltinMeasuringEngine:
     fresh_after_failure = False
     enforces_memory_budget = True
     label = "autotune's built-in ZeRO engine"
+
+    def check_installed(self) -> None:
+        pass  # part of autotune
+
+    def launcher(self, world_size: int) -> list[str]:
+        return ["autotune", "exec", "--nproc", str(world_size), "--"]
+
+    def training_hint(self, optimal_path: Path, world_size: int) -> str:
+        example = shlex.join([*self.launcher(world_size), "train.py"])
+        return (
+            f"your DeepSpeed script with --deepspeed_config {optimal_path} (on the built-in "
+            f"engine: {example} ...)"
+        )
 
     def prepare(self, world_size: int) -> None:
         pass  # the rank process imports the engine before its process groups anyway
@@ -145,6 +178,16 @@ class DeepSpeedMeasuringEngine:
             return f"DeepSpeed {deepspeed_engine.installed_deepspeed()}"
         except deepspeed_engine.DeepSpeedUnavailable:
             return "DeepSpeed"
+
+    def check_installed(self) -> None:
+        deepspeed_engine.installed_deepspeed()
+
+    def launcher(self, world_size: int) -> list[str]:
+        # Plain torchrun: the script's ``import deepspeed`` is the installed one.
+        return ["torchrun", "--standalone", "--nproc_per_node", str(world_size)]
+
+    def training_hint(self, optimal_path: Path, world_size: int) -> str:
+        return f"deepspeed train.py --deepspeed_config {optimal_path} (the engine that measured it)"
 
     def prepare(self, world_size: int) -> None:
         deepspeed_engine.prepare(world_size)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -64,19 +62,6 @@ def test_one_row_per_experiment_with_the_documented_columns(filled: ResultsDir) 
     assert ok["duration_s"] == 6.5 and ok["overhead_s"] == pytest.approx(1.5)
     assert ok["node_ids"] == ("node-a", "node-a")  # where each rank ran
     assert set(frame["target"]) == {"gpt"}  # what ran
-
-
-def test_a_log_written_before_lines_named_their_target_takes_it_from_the_fingerprint(
-    filled: ResultsDir,
-) -> None:
-    log = filled.path / "experiments.jsonl"
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    log.write_text(
-        "".join(
-            json.dumps({k: v for k, v in line.items() if k != "target"}) + "\n" for line in lines
-        )
-    )
-    assert set(load_results(filled.path)["target"]) == {"gpt"}  # FINGERPRINT's workload
 
 
 def test_not_a_results_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]

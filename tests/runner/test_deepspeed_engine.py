@@ -27,6 +27,7 @@ from autotune.job import TuningJob
 from autotune.results import load_results
 from autotune.runner import deepspeed_engine
 from autotune.runner.deepspeed_engine import STALE_AGE_S, clear_leftovers
+from autotune.runner.measuring_engine import measuring_engine
 from autotune.script_target import ScriptTarget
 from tests.deepspeed_installed import needs_deepspeed
 
@@ -76,7 +77,7 @@ def write_config(tmp_path: Path, **overrides: Any) -> Path:
     return path
 
 
-def test_the_engine_is_part_of_the_job_and_builtin_jobs_keep_their_fingerprint() -> None:
+def test_the_engine_is_part_of_the_job() -> None:
     builtin = TuningJob(load_config({"train_micro_batch_size_per_gpu": 2}, world_size=2))
     deepspeed = TuningJob(
         load_config(
@@ -84,7 +85,7 @@ def test_the_engine_is_part_of_the_job_and_builtin_jobs_keep_their_fingerprint()
             world_size=2,
         )
     )
-    assert "engine" not in builtin.fingerprint()["tuned"]  # earlier results still resume
+    assert builtin.fingerprint()["tuned"]["engine"] == "builtin"
     assert deepspeed.fingerprint()["tuned"]["engine"] == "deepspeed"
 
 
@@ -126,8 +127,8 @@ def test_a_deepspeed_too_old_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_training_command_runs_the_engine_that_measured() -> None:
     target = ScriptTarget.from_command([str(SCRIPT), "--deepspeed", "ds.json"])
-    builtin = target.command({}, "best.json", 2)
-    deepspeed = target.command({}, "best.json", 2, engine=EngineName.deepspeed)
+    builtin = target.command({}, "best.json", measuring_engine(EngineName.builtin).launcher(2))
+    deepspeed = target.command({}, "best.json", measuring_engine(EngineName.deepspeed).launcher(2))
     assert builtin[:2] == ["autotune", "exec"]
     assert deepspeed[:4] == ["torchrun", "--standalone", "--nproc_per_node", "2"]
     assert deepspeed[4:] == [str(SCRIPT), "--deepspeed", "best.json"]
