@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -170,23 +171,23 @@ def print_report(console: Console, report: TuningReport) -> None:
 def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, source: str) -> None:
     """``autotune plan``'s table: the predicted ranking, best first, for a person."""
     console = Console()
+    # Above the table, not its title: a title wraps at the table's width, mid-sentence.
+    console.print(f"predicted on {world_size} x {hardware.name} ({source})", markup=False)
+    console.print("a prediction, not a measurement: autotune run measures", markup=False)
     table = Table(
-        title=f"predicted on {world_size} x {hardware.name} ({source}); a prediction, not a "
-        "measurement: autotune run measures",
-        title_justify="left",
+        box=box.SIMPLE_HEAD,  # no vertical rules: the eight columns fit 80 characters
+        pad_edge=False,
+        collapse_padding=True,
     )
-    table.add_column("configuration", no_wrap=True)
-    for column in ("stage", "micro", "accum", "offload"):
-        table.add_column(column)
-    for column in ("samples/s", "80% range", "s/step", "TFLOPS/GPU", "memory/GPU", "fits"):
+    # The name says the stage, the micro-batch and the offload (z2_ocpu_mbs8), so an
+    # 80-column terminal still holds every column; --format json has them apart.
+    table.add_column("config", no_wrap=True)
+    for column in ("accum", "samples/s", "80% range", "s/step", "TFLOPS", "memory", "fits"):
         table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(
             row.name,
-            str(row.zero_stage),
-            str(row.micro_batch_size),
             str(row.gradient_accumulation_steps),
-            row.offload,
             f"{row.throughput:.1f}",
             f"{row.throughput_low:.0f}-{row.throughput_high:.0f}",
             f"{row.latency:.3f}",
