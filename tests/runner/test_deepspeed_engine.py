@@ -196,8 +196,12 @@ def test_a_deepspeed_script_is_tuned_on_deepspeed_with_its_failures_recorded(
         losses[name] = [float(v) for v in re.findall(r"loss=(\S+)", output)]
     # DeepSpeed's state is reset between experiments in the warm actors, not by new ones...
     assert len({pid for found in pids.values() for pid in found}) < len(ok)
-    # ...and the reused process trains as the first did: stage 3 as stage 0, same data.
-    assert losses["z3_mbs4"] == pytest.approx(losses["z0_mbs4"], rel=1e-4)
+    # ...and the reused process trains as the first did: stage 3 as stage 0, same data. Over
+    # the steps both ran: a stage-3 step slower than the leader's by the loser margin ends its
+    # window early (stopped_after_steps), on a busy machine after its first timed step.
+    ran = min(len(losses["z3_mbs4"]), len(losses["z0_mbs4"]))
+    assert ran >= 1
+    assert losses["z3_mbs4"][:ran] == pytest.approx(losses["z0_mbs4"][:ran], rel=1e-4)
     command = (results / "cmd_optimal.txt").read_text()
     assert command.startswith("torchrun --standalone --nproc_per_node 2 ")
 
