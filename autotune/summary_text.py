@@ -129,6 +129,7 @@ def summary_json(
         "best_at_cap": at_cap_text(summary.best_at_cap) if summary.best_at_cap else None,
         "short_windows": dict(summary.short_windows),
         "noise": summary.noise,
+        "noise_measured": summary.noise_measured,
         "num_stopped_early": summary.num_stopped_early,
         "cost_model": dict(summary.cost_model) if summary.cost_model is not None else None,
         "num_infrastructure_retries": summary.num_infrastructure_retries,
@@ -157,7 +158,10 @@ def notes(summary: TuningSummary) -> list[str]:
     """What a person should know before acting on the ranking, one line each."""
     lines = []
     tied = summary.num_tied
-    noise = f" ({summary.noise:.1%} run to run)" if summary.noise is not None else ""
+    noise = ""
+    if summary.noise is not None:
+        assumed = "" if summary.noise_measured else ", assumed: nothing was measured twice"
+        noise = f" ({summary.noise:.1%} run to run{assumed})"
     if tied > 2:
         lines.append(
             f"note: the top {tied} are within measurement noise of each other{noise}: "

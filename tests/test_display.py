@@ -11,7 +11,7 @@ from rich.console import Console
 
 from autotune.config import Metric
 from autotune.display import Progress, not_run_lines
-from autotune.experiment import ExperimentResult, ExperimentSpec, Status
+from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.tuner import TuningSummary
 from autotune.tuner.candidate import Phase
 from autotune.tuner.reasons import NotRunKind, NotRunReason
@@ -41,10 +41,15 @@ def test_every_running_experiment_is_shown(tmp_path: Path) -> None:
 
 
 class Measured:
-    """Every configuration measures as :func:`config_metrics` says."""
+    """Every configuration measures as :func:`config_metrics` says, each window's steps
+    spread ±20% around it: noisy enough that the leader is measured again."""
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
-        return ExperimentResult(spec.name, Status.ok, config_metrics(spec))
+        metrics = config_metrics(spec)
+        step = metrics.step_times_s[0]
+        steps = [step * factor for factor in (1.2, 1.0, 1 / 1.2)]
+        noisy = Metrics.from_window(steps, metrics.train_batch_size, 1e9, 0)
+        return ExperimentResult(spec.name, Status.ok, noisy)
 
 
 def test_the_status_says_what_the_run_is_doing_and_bounds_every_experiment(

@@ -19,7 +19,7 @@ from autotune.results.store import (
     ResultsDirError,
 )
 from autotune.tuner.naming import split_repeat
-from autotune.tuner.ranking import Ranked, ranking
+from autotune.tuner.ranking import Ranked, rank
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,7 +101,7 @@ def _configuration_rows(records: list[dict[str, Any]], metric: Metric) -> list[d
     :func:`fold_runs`)."""
     by_name = {record["name"]: record for record in records}
     rows = []
-    for ranked in ranking((ExperimentResult.from_dict(r) for r in records), metric):
+    for ranked in rank((ExperimentResult.from_dict(r) for r in records), metric):
         row = _row(by_name.get(ranked.name) or by_name[ranked.runs[0]])
         row["name"], row["status"] = ranked.name, Status.ok.value
         row.update(fold_runs(ranked, metric, {run: by_name[run]["metrics"] for run in ranked.runs}))

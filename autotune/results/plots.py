@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL, Metric
 from autotune.results.frame import fold_runs
 from autotune.tuner.naming import split_repeat
-from autotune.tuner.ranking import Measurement, declared_order, rank_measurements
+from autotune.tuner.ranking import Measurement, rank_measurements
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +36,7 @@ def _ok(frame: pd.DataFrame, metric: Metric = Metric.throughput) -> pd.DataFrame
     ok = frame[frame["status"] == "ok"]
     runs = {str(row["name"]): row for row in ok.to_dict("records")}
     rows = []
-    for ranked in declared_order(rank_measurements(_measurements(runs.values(), metric), metric)):
+    for ranked in rank_measurements(_measurements(runs.values(), metric), metric):
         row = dict(runs.get(ranked.name) or runs[ranked.runs[0]])
         rows.append({**row, "name": ranked.name, **fold_runs(ranked, metric, runs)})
     return pd.DataFrame(rows, columns=list(ok.columns))
@@ -93,7 +93,7 @@ def best_so_far(
     declared: list[float] = []
     for row in frame.to_dict("records"):
         measured += _measurements([row], metric)
-        best = declared_order(rank_measurements(measured, metric))
+        best = rank_measurements(measured, metric)
         declared.append(best[0].value if best else float("nan"))
     if ok.any():
         ax.step(numbers, declared, where="post", label="declared best so far")

@@ -28,7 +28,7 @@ from autotune.experiment import CONFIG_NAME, ExperimentResult, ExperimentSpec, S
 from autotune.metric import Metric
 from autotune.results.files import append_line, atomic_write_json, atomic_write_text, read_jsonl
 from autotune.results.lock import DirectoryLock
-from autotune.tuner.ranking import Ranked, ranking
+from autotune.tuner.ranking import Ranked, rank
 
 LOG_NAME = "experiments.jsonl"
 FINGERPRINT_NAME = "fingerprint.json"
@@ -269,9 +269,9 @@ class ResultsDir:
 
     def ranking(self, metric: Metric) -> list[Ranked]:
         """The run's one ranking by ``metric``: configurations with their repeats folded
-        (median, runs, spread over runs), in the order the tuner declares them (see
-        :func:`autotune.tuner.ranking.ranking`)."""
-        return ranking(self.results(), metric)
+        (median, runs, spread over runs), best median first, as the tuner declares them (see
+        :func:`autotune.tuner.ranking.rank`)."""
+        return rank(self.results(), metric)
 
     def ranked_runs(self, metric: Metric) -> list[dict[str, Any]]:
         """Every finished experiment's log record, each by its own measurement: those that

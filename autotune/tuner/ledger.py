@@ -16,7 +16,6 @@ from typing import Any
 from autotune.config import Metric
 from autotune.experiment import ExperimentResult
 from autotune.tuner.candidate import Candidate
-from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, rank, score
 from autotune.tuner.reasons import NotRunReason
 from autotune.tuner.space import Variant
@@ -232,18 +231,9 @@ class Ledger:
         """The largest micro-batch of ``variant`` that ran ok (None: none yet)."""
         return max((s for s, r in self.runs_of(variant).items() if r.ok), default=None)
 
-    def search_results(self) -> Iterable[str]:
-        """Names told that are no re-measurement, in the order told."""
-        return (n for n in self._order if split_repeat(n)[1] == 0)
-
     def ranked(self, results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
         """``results`` ranked on ``metric``, the configurations the tuner knows only."""
         return [r for r in rank(results, metric) if r.name in self._entries]
-
-    def best_search_result(self, metric: Metric) -> str | None:
-        """The best configuration the search measured (re-measurements left out)."""
-        ranking = self.ranked((self._results[n] for n in self.search_results()), metric)
-        return ranking[0].name if ranking else None
 
     def best_score(self, variant: Variant, metric: Metric) -> float | None:
         """The variant's best result so far, any phase (None before one ran ok)."""

@@ -167,33 +167,6 @@ def rank(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
     return rank_measurements(measurements(results, metric), metric)
 
 
-def declared_order(ranked: list[Ranked]) -> list[Ranked]:
-    """``ranked`` (best first by median) in the order a run declares it: once any
-    configuration was measured more than once, the best of those comes first, since one
-    lucky measurement must not be declared best over repeated ones; the rest follow by
-    median.
-
-    Example:
-        >>> ranked = [Ranked("lucky", 12, (12,), 0), Ranked("next", 11, (11,), 0),
-        ...           Ranked("steady", 10, (10, 9, 11), 0)]
-        >>> [r.name for r in declared_order(ranked)]
-        ['steady', 'lucky', 'next']
-    """
-    # Repeats the ranks saw disturbed count as repeats here: they were run again, and their
-    # values (lower bounds) rank only where nothing else does.
-    repeated = next((r for r in ranked if r.num_measurements + r.num_disturbed > 1), None)
-    if repeated is None:
-        return list(ranked)
-    return [repeated, *(r for r in ranked if r is not repeated)]
-
-
-def ranking(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
-    """The one ranking of a run: what ``summary.txt``, ``ds_config_optimal.json``,
-    ``autotune report``, ``load_results(ranked_by=...)`` and the notebook all show.
-    Configurations with their repeats folded, in :func:`declared_order`."""
-    return declared_order(rank(results, metric))
-
-
 def within_noise(first: Ranked, second: Ranked) -> bool:
     """True when the two configurations' measured ranges overlap: the order could be noise.
 

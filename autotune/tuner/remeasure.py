@@ -5,9 +5,11 @@ a quiet machine, more on a shared one). Once the search ends, the best is declar
 evidence the run has, and an experiment is spent on a configuration only where another
 measurement could move the answer by more than :data:`~autotune.tuner.ranking.TOLERANCE`:
 
-1. The leader, measured once, is measured again: the best of many single measurements is
-   likely a lucky one, and its second measurement, taken last, also sees whether the machine
-   drifted since.
+1. The leader, measured once, is measured again while it is in doubt: while its nearest
+   rival could beat it as in (2), or its lead is larger than the noise could explain
+   (:data:`SURPRISE_Z`: more likely a faulty measurement than a real lead). On a quiet
+   machine (3% run to run) a leader of single measurements is never in doubt for its own
+   sake: the expected loss of declaring it is under the line even against a tie.
 2. A rival that could still be better than the leader by more than the tolerance, by more
    than :data:`MAX_EXPECTED_LOSS` in expectation (the relative gap between their medians,
    with the noise a median of that many measurements carries), earns a measurement, of
@@ -26,8 +28,9 @@ measurement could move the answer by more than :data:`~autotune.tuner.ranking.TO
    machine's.
 
 The noise is pooled from every configuration measured more than once, shrunk towards a prior
-guess (:func:`~autotune.tuner.cost_model.measurement_noise`). At most ``num_remeasure``
-configurations are re-measured for (2), each at most :data:`MAX_MEASUREMENTS` times.
+guess (:func:`~autotune.tuner.cost_model.measurement_noise`; with no repeats at all it is
+that guess, and the summary says so). At most ``num_remeasure`` configurations are
+re-measured for (2), each at most :data:`MAX_MEASUREMENTS` times.
 """
 
 from __future__ import annotations
@@ -45,8 +48,14 @@ from autotune.tuner.naming import repeat_name, split_repeat
 from autotune.tuner.ranking import TOLERANCE, Ranked, score
 
 # A rival is worth another measurement while the expected share by which it beats the leader
-# beyond the tolerance is at least this.
+# beyond the tolerance is at least this; the leader measured once is measured again while its
+# nearest rival's is. At the prior noise (3% run to run) a tie of single measurements comes to
+# 0.88%: on a quiet machine a leader is not confirmed for its own sake.
 MAX_EXPECTED_LOSS = 0.01
+# A leader ahead of its nearest rival by more than this many standard deviations of their
+# difference is measured again however little the noise model says it could move: a lead that
+# far out is more likely a faulty measurement than a real one (a timer's, or a first run's).
+SURPRISE_Z = 3.0
 # Measurements of one configuration at most, its first included.
 MAX_MEASUREMENTS = 4
 
@@ -125,6 +134,14 @@ class Remeasurement:
         least what the windows' own steps vary by (the median window's standard error)."""
         return max(self._noise(with_control=not self.slowdowns()), self._window_noise())
 
+    def noise_measured(self) -> bool:
+        """Whether some configuration was measured twice on a quiet machine, so that
+        :meth:`noise` is this run's own, not the prior guess."""
+        counts = Counter(
+            split_repeat(name)[0] for name, r in self._ledger.results.items() if _quiet(r)
+        )
+        return any(count > 1 for count in counts.values())
+
     def _window_noise(self) -> float:
         errors = []
         for result in self._ledger.results.values():
@@ -145,14 +162,38 @@ class Remeasurement:
         return measurement_noise(groups.values())
 
     def confirmation(self, is_open: Callable[[str], bool]) -> str | None:
-        """The leader's second measurement (step 1 of the module docstring), or None: it
-        has more than one, nothing ran ok, or re-measuring is off."""
+        """The leader's second measurement if it is in doubt (:meth:`doubted_leader`), else
+        None."""
+        leader = self.doubted_leader()
+        return self._another(leader, is_open) if leader is not None else None
+
+    def doubted_leader(self) -> str | None:
+        """The leader, if it earns a second measurement: measured once and in doubt (step 1
+        of the module docstring), or seen disturbed by the ranks (its value is a busy
+        machine's). None: no doubt, nothing ran ok, or re-measuring is off."""
         if self._tuning.num_remeasure == 0:
             return None
         ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
-        if not ranking or (ranking[0].num_measurements > 1 and not ranking[0].disturbed):
+        if not ranking:
             return None
-        return self._another(ranking[0].name, is_open)
+        leader = ranking[0]
+        if leader.disturbed:
+            return leader.name
+        if leader.num_measurements > 1:
+            return None
+        rival = next((r for r in ranking[1:] if not r.disturbed), None)
+        return leader.name if rival is not None and self._leader_in_doubt(leader, rival) else None
+
+    def _leader_in_doubt(self, leader: Ranked, rival: Ranked) -> bool:
+        """Whether the leader, measured once, earns a second measurement against its nearest
+        rival: the rival could beat it beyond the tolerance by :data:`MAX_EXPECTED_LOSS` in
+        expectation, or the lead is a surprise (:data:`SURPRISE_Z`)."""
+        noise, lower = self.noise(), self._tuning.metric.lower_is_better
+        if expected_loss(leader, rival, noise, lower) >= MAX_EXPECTED_LOSS:
+            return True
+        gap = math.log(leader.value) - math.log(rival.value)
+        lead = -gap if lower else gap
+        return lead > SURPRISE_Z * noise * math.sqrt(2)
 
     def next(self, is_open: Callable[[str], bool]) -> str | None:
         """The next re-measurement (``<name>_r<k>``) worth running, or None: the answer

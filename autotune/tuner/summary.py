@@ -13,7 +13,7 @@ from autotune.experiment import ExperimentResult
 from autotune.tuner.cost_model import CostModel
 from autotune.tuner.ledger import Entry, Ledger
 from autotune.tuner.naming import split_repeat
-from autotune.tuner.ranking import TOLERANCE, Ranked, declared_order, rank, within_noise
+from autotune.tuner.ranking import TOLERANCE, Ranked, rank, within_noise
 from autotune.tuner.reasons import NotRunReason, StopReason
 from autotune.tuner.remeasure import short_windows
 from autotune.tuner.space import TuningSpace
@@ -35,8 +35,7 @@ class TuningSummary:
     Attributes:
         metric: what was optimised.
         ranking: every configuration that ran ok, repeats folded, in the one order every
-            output shows (:func:`~autotune.tuner.ranking.declared_order`: by median, those
-            measured more than once first once any was).
+            output shows (:func:`~autotune.tuner.ranking.ranking`: best median first).
         best: the first of ``ranking``.
         best_overrides: the dotted-key values that make the user's config the best one.
         best_per_variant: the best configuration of each ZeRO variant (``z2``, ``z3_ocpu``).
@@ -62,6 +61,8 @@ class TuningSummary:
             fitted), that size, and whether the user listed it: a larger one may be faster.
             runs at the largest the config allows (a larger one may be faster); else None.
         noise: the relative noise of one measurement, from the repeats (None: not known).
+        noise_measured: whether the repeats showed it; False: nothing was measured twice,
+            and ``noise`` is the prior guess (or what the windows' own steps vary by).
         num_stopped_early: search experiments stopped after their first timed steps, slower
             than the best by more than the tolerance allowed (their values are from those
             steps).
@@ -90,6 +91,7 @@ class TuningSummary:
     num_remeasured: int = 0
     best_at_cap: AtCap | None = None
     noise: float | None = None
+    noise_measured: bool = False
     num_stopped_early: int = 0
     cost_model: Mapping[str, Any] | None = None
     num_infrastructure_retries: int = 0
@@ -126,13 +128,13 @@ def summarize(
     tuning_time_s: float,
     stop: StopReason | None,
     noise: float | None = None,
+    noise_measured: bool = False,
     cost_model: CostModel | None = None,
 ) -> TuningSummary:
     """The summary of what ``ledger`` holds, searched over ``space`` under ``tuning``;
     ``not_run``: what was considered and not run, each with the reason."""
     metric = tuning.metric
-    ranked = [r for r in rank(ledger.results.values(), metric) if r.name in ledger.entries]
-    ranking = declared_order(ranked)
+    ranking = [r for r in rank(ledger.results.values(), metric) if r.name in ledger.entries]
     best = ranking[0] if ranking else None
     per_variant: dict[str, Ranked] = {}
     for entry in ranking:
@@ -165,6 +167,7 @@ def summarize(
         num_remeasured=sum(1 for n in ledger.results if split_repeat(n)[1] > 0),
         best_at_cap=_at_cap(best_entry, space),
         noise=noise,
+        noise_measured=noise_measured,
         num_stopped_early=sum(
             1 for r in ledger.results.values() if r.stopped_after_steps is not None
         ),

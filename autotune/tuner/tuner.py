@@ -74,7 +74,7 @@ from autotune.tuner.prior import best_micro_batch
 from autotune.tuner.probe import SizeSearch, failed_sizes_bound
 from autotune.tuner.ranking import TOLERANCE
 from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
-from autotune.tuner.remeasure import Remeasurement
+from autotune.tuner.remeasure import CONTROL_AT_END, Remeasurement
 from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import build_space
 from autotune.tuner.stopping import experiments_since_best
@@ -278,6 +278,7 @@ class Tuner:
             tuning_time_s=self.elapsed_s,
             stop=self._stop,
             noise=self._remeasure.noise(),
+            noise_measured=self._remeasure.noise_measured(),
             cost_model=self.cost_model(),
         )
 
@@ -355,9 +356,13 @@ class Tuner:
         if chosen is None and self._ledger.pending:
             return None  # what is in flight may still change the model's mind
         if chosen is None:
-            # Nothing beats the best on its one measurement, likely a lucky one: measured
-            # again first, then the model decides again against its median.
-            return self._remeasure.confirmation(self._is_open_repeat)
+            # Nothing beats the best on its one measurement, perhaps a lucky one: the control
+            # first if it is due (the noise it shows decides the rest), then the best again
+            # if a second measurement could change the answer; the model then decides again.
+            remeasure = self._remeasure
+            return remeasure.control_due(
+                self._is_open_repeat, every=CONTROL_AT_END
+            ) or remeasure.confirmation(self._is_open_repeat)
         key = search.key_of(chosen)
         assert key is not None
         self._catalog.register(*key)
@@ -482,9 +487,9 @@ class Tuner:
 
     def _fits_time_budget(self, name: str) -> bool:
         """Whether ``name`` ends within ``time_budget_s`` (:class:`TimeBudget`), while the
-        search goes on with room to re-measure the best so far."""
+        search goes on with room to measure the best again while it is in doubt."""
         searching = self._phase is not Phase.remeasure
-        best = self._ledger.best_search_result(self._tuning.metric) if searching else None
+        best = self._remeasure.doubted_leader() if searching else None
         return self._budget.fits(name, keep_for=best)
 
     def _end_search_for_time(self, name: str) -> None:
@@ -614,9 +619,8 @@ class Tuner:
 
     def _search_budget_spent(self) -> bool:
         """Whether the search may start no more experiments: the cap reached, but for one
-        kept for re-measuring the best once something ran ok."""
-        ran_ok = any(r.ok for r in self._ledger.results.values())
-        keep = 1 if self._tuning.num_remeasure > 0 and ran_ok else 0
+        kept for measuring the best again while it is in doubt."""
+        keep = 1 if self._remeasure.doubted_leader() is not None else 0
         return self._trials_left() <= keep
 
     def _patience_spent(self) -> bool:

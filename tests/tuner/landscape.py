@@ -13,7 +13,7 @@ import math
 import random
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.config import load_config
@@ -213,3 +213,29 @@ def true_largest_fit(landscape: Landscape, stage: int, cap: int = 1024) -> int:
     return max(
         s for s in range(1, cap + 1) if landscape.peak_bytes(config(s)) <= landscape.budget_bytes
     )
+
+
+@dataclass
+class Tied(Landscape):
+    """Every configuration equally fast, each window's steps spread ±20%: the machine's
+    noise is plain to see, and no measurement can say which configuration is best, so a
+    leader of one measurement stays in doubt."""
+
+    def run(self, candidate: Candidate) -> ExperimentResult:
+        result = super().run(candidate)
+        if result.metrics is None:
+            return result
+        tbs = result.metrics.train_batch_size
+        steps = [tbs / 100 * factor for factor in (1.2, 1.0, 1 / 1.2)]
+        metrics = Metrics.from_window(steps, tbs, 0.0, result.metrics.peak_memory_bytes)
+        return replace(result, metrics=metrics)
+
+
+@dataclass
+class Flat(Landscape):
+    """Every configuration equally fast but for the noise: which is best is the draw's."""
+
+    def step_time_s(self, ds_config: Mapping[str, Any]) -> float:
+        tbs = load_config(ds_config, self.world_size).train_batch_size
+        assert isinstance(tbs, int)
+        return tbs / 100
