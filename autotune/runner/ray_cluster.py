@@ -1,7 +1,9 @@
-"""Connecting to Ray: an existing cluster (an address or ``RAY_ADDRESS``), else an embedded one."""
+"""Connecting to Ray: an existing cluster (an address or ``RAY_ADDRESS``), else an embedded one;
+and shutting an embedded one down."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -32,3 +34,23 @@ def connect_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     with entries_set(os.environ, niceness):
         ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, **common)
     return True
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()`` of a cluster this process started, less the second it waits for
+    Ray's autoscaler monitor.
+
+    Ray stops its processes one by one, the GCS before the monitor; the monitor answers
+    SIGTERM by reporting to the GCS, which is gone by then, so Ray waits a second and kills
+    it. Measured: 1.0 of the 1.4 s ``ray.shutdown()`` took. An embedded cluster has nothing
+    for the monitor to scale: it is killed first. (Ray's node object is private: if it
+    changes, this saving is lost and nothing else.)
+    """
+    if not ray.is_initialized():
+        return
+    node = getattr(ray._private.worker, "_global_node", None)
+    kill_monitor = getattr(node, "kill_monitor", None)
+    if kill_monitor is not None:
+        with contextlib.suppress(Exception):
+            kill_monitor(check_alive=False)
+    ray.shutdown()

@@ -54,7 +54,7 @@ from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.outcome import INFRASTRUCTURE_RETRIES, infrastructure_result
 from autotune.runner.process import PortReserver, reserve_port, utc_now
 from autotune.runner.rank import run_rank
-from autotune.runner.ray_cluster import connect_ray
+from autotune.runner.ray_cluster import connect_ray, shutdown_ray
 from autotune.runner.ray_experiment import ACTOR_START_TIMEOUT_S, RunningExperiment
 from autotune.runner.ray_gang import (
     ActorInfo,
@@ -268,7 +268,7 @@ class RayRunner:
         self._running.clear()
         self._pool.close()
         if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+            shutdown_ray()
 
     def __enter__(self) -> RayRunner:
         return self
