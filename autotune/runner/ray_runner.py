@@ -40,7 +40,6 @@ modules must use ``num_cpus=0`` or it queues forever.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -54,7 +53,7 @@ from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.outcome import INFRASTRUCTURE_RETRIES, infrastructure_result
 from autotune.runner.process import PortReserver, reserve_port, utc_now
 from autotune.runner.rank import run_rank
-from autotune.runner.ray_cluster import connect_ray, shutdown_ray
+from autotune.runner.ray_cluster import connect_ray, shutdown_ray, worker_paths
 from autotune.runner.ray_experiment import ACTOR_START_TIMEOUT_S, RunningExperiment
 from autotune.runner.ray_gang import (
     ActorInfo,
@@ -128,6 +127,7 @@ class RayRunner:
         reserve_port: PortReserver = reserve_port,
     ) -> None:
         self._owns_ray = connect_ray(address, num_cpus, quiet)
+        self._worker_paths = worker_paths()  # what Ray's workers import from already
         if gpus_per_rank is None:
             gpus_per_rank = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         self._gpus_per_rank = gpus_per_rank
@@ -317,21 +317,28 @@ class RayRunner:
 
     def _make_gang(self, shape: GangShape) -> Gang:
         threads = str(shape.cpus_per_rank)
-        env_vars = {
-            # Set before the actor's interpreter starts: OpenMP reads it only once.
-            "OMP_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads,
-            # For modules the actor must import before any experiment arrives (the rank_fn's).
-            "PYTHONPATH": os.pathsep.join(DriverPaths.capture().sys_path),
-        }
+        # Set by each actor before it imports torch: OpenMP reads them only once.
+        env_vars = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if not shape.gpus_per_rank:
             # 0 GPUs means CPU ranks: a rank that sees a GPU takes it (NCCL), and ranks
             # sharing one GPU fail. Hidden here rather than trusting Ray's defaults for
             # actors that ask for no GPU, which have varied across versions.
             env_vars["CUDA_VISIBLE_DEVICES"] = ""
+        # The modules an actor imports before any experiment arrives (the rank_fn's) are
+        # found on the driver's paths: a cluster started here gave them to every worker as
+        # it started; elsewhere, or if the driver's paths have grown since, the actors get
+        # them in a runtime_env (and so workers of their own, started for them: seconds).
+        paths = DriverPaths.capture().sys_path
+        python_path = None if set(paths) <= set(self._worker_paths) else paths
         strategy = self._strategy_for(shape)
         return Gang(
-            shape, self._rank_fn, strategy, env_vars, self._preload_torch, self._reserve_port
+            shape,
+            self._rank_fn,
+            strategy,
+            env_vars,
+            self._preload_torch,
+            self._reserve_port,
+            python_path,
         )
 
     def _finish(self, experiment: RunningExperiment) -> ExperimentResult | None:
