@@ -271,6 +271,12 @@ class Pool:
             self._evict_one_idle(other_than=shape)
         return None
 
+    def prestart(self, shape: GangShape) -> None:
+        """Start a gang of ``shape`` now, unless an idle one is there: the next experiment of
+        that shape takes it, its actors started (or starting) meanwhile."""
+        if not any(g.shape == shape and not g.busy for g in self.gangs):
+            self.gangs.append(self._make_gang(shape))
+
     def release(self, gang: Gang) -> None:
         gang.busy = False
         gang.last_used = time.monotonic()

@@ -6,7 +6,9 @@ needs several nodes, or the strategy asked for. A placement group's bundles are 
 two experiments running side by side never share a GPU or a CPU slot. The gang outlives the
 experiment: torch is imported once, and the next experiment with the same shape reuses it,
 paying only for a fresh process group on a free port of the rank-0 node, its workload and its
-steps. Independent experiments run side by side while the cluster has room for their gangs
+steps. :meth:`RayRunner.prestart` starts a gang before its first experiment is known, so
+that its actors start (torch imported) while the caller does its own work. Independent
+experiments run side by side while the cluster has room for their gangs
 (:meth:`RayRunner.submit` / :meth:`RayRunner.wait`; :meth:`RayRunner.capacity` says how many).
 
 Failure isolation, mirroring :mod:`autotune.runner.local`:
@@ -48,7 +50,7 @@ from typing import Any
 
 import ray
 
-from autotune.config import ConfigError
+from autotune.config import ConfigError, EngineName
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.outcome import INFRASTRUCTURE_RETRIES, infrastructure_result
 from autotune.runner.process import PortReserver, reserve_port, utc_now
@@ -150,6 +152,25 @@ class RayRunner:
     def uses_gpus(self) -> bool:
         """Whether rank actors hold GPUs (else they share the nodes' cores)."""
         return self._gpus_per_rank > 0
+
+    def prestart(
+        self, world_size: int, cpus_per_rank: int = 1, engine: EngineName = EngineName.builtin
+    ) -> None:
+        """Start a gang for experiments of this shape now (returns at once; its actors start
+        in the background): the first such experiment takes it, its actors started or
+        starting, while the caller did its own work.
+
+        Nothing is started for a shape the cluster cannot hold (its experiments say why).
+        """
+        if self._closed:
+            raise RuntimeError("this RayRunner is closed")
+        try:
+            self._check_gpus_fit(world_size)
+        except ConfigError:
+            return  # raised by the first experiment of this world size
+        shape = GangShape(world_size, cpus_per_rank, self._gpus_per_rank, self._resources, engine)
+        if not self._missing(shape):
+            self._pool.prestart(shape)
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
         """Run ``spec`` and return its result; never raises for a failed experiment.
@@ -369,14 +390,9 @@ class RayRunner:
     ) -> ExperimentResult | None:
         """A result for ``spec`` if its gang can never be placed, or has waited too long."""
         shape = self._shape(spec)
-        totals = ray.cluster_resources()
-        missing = {
-            name: amount * shape.world_size
-            for name, amount in shape.bundle().items()
-            if amount * shape.world_size > totals.get(name, 0)
-        }
+        missing = self._missing(shape)
         if missing:
-            reason = f"needs {missing} in all but the cluster has {totals}"
+            reason = f"needs {missing} in all but the cluster has {ray.cluster_resources()}"
         elif not running and time.perf_counter() - waiting_since > PLACEMENT_TIMEOUT_S:
             reason = f"no room on the cluster within {PLACEMENT_TIMEOUT_S:g} s"
         else:
@@ -387,6 +403,15 @@ class RayRunner:
             error=f"PlacementError: {shape.world_size} ranks of {shape.bundle()}: {reason}",
             started_at=utc_now(),
         )
+
+    def _missing(self, shape: GangShape) -> dict[str, float]:
+        """What a gang of ``shape`` needs in all beyond what the whole cluster has."""
+        totals = ray.cluster_resources()
+        return {
+            name: amount * shape.world_size
+            for name, amount in shape.bundle().items()
+            if amount * shape.world_size > totals.get(name, 0)
+        }
 
     def _wait(self, running: list[RunningExperiment], idle: bool) -> list[Any]:
         """Block until a rank reports, the nearest deadline passes, or (with experiments

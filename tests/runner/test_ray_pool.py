@@ -178,6 +178,27 @@ def test_ctrl_c_in_the_driver_stops_its_actors(
         driver.wait()
 
 
+def test_a_prestarted_gang_runs_the_first_experiment_of_its_shape(
+    runner: RayRunner, tmp_path: Path
+) -> None:
+    runner.release_idle()  # the runner below needs the CPUs this module's runner may hold
+    with RayRunner(rank_fn=stand_in_rank) as fresh:
+        fresh.prestart(world_size=2)  # returns at once: the gang starts in the background
+        assert wait_for(lambda: len(fresh.actors()) == 2, timeout_s=60)
+        prestarted = {actor.pid for actor in fresh.actors()}
+        assert fresh.run(stand_in("first", world_size=2, pid_dir=str(tmp_path))).ok
+        assert len(fresh.actors()) == 2  # no other gang was started
+    assert {int((tmp_path / f"first-{rank}").read_text()) for rank in range(2)} == prestarted
+
+
+def test_a_prestart_the_cluster_can_never_hold_starts_nothing(runner: RayRunner) -> None:
+    with RayRunner(rank_fn=stand_in_rank) as fresh:
+        fresh.prestart(world_size=64)
+        assert fresh.actors() == [] and not fresh._pool.gangs
+        [result] = fresh.run_many([stand_in("huge", world_size=64)])
+    assert result.status is Status.error and "PlacementError" in (result.error or "")
+
+
 def test_ranks_get_their_threads_and_no_gpu_before_torch_loads(
     runner: RayRunner, tmp_path: Path
 ) -> None:
