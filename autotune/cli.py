@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
+import functools
 import gc
 import json
 import sys
@@ -29,6 +30,7 @@ from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL
 
 if TYPE_CHECKING:
     from autotune.api import RunRequest
+    from autotune.job import TuningJob
     from autotune.script_target import ScriptTarget
 
 # Typer's usage errors, whether it uses click or, as recent versions do, its own copy of it.
@@ -255,7 +257,7 @@ def run(
     started_s = time.monotonic()  # autotuning.time_budget_s counts the cluster's start too
     from rich.console import Console
 
-    from autotune.api import RunRequest, make_job
+    from autotune.api import RunRequest, load_job, started_runner
     from autotune.display import Progress, print_report
     from autotune.summary_text import stopped_line
     from autotune.tuning import tune
@@ -274,17 +276,24 @@ def run(
         names=_RUN_NAMES,
     )
     with _bad_input_exits(request, *_job_errors()):
-        job = make_job(request)
+        job = load_job(request)  # a bad config fails here, before anything starts
     console = Console(stderr=False)
-    console.print(
-        f"autotune: tuning {job.label} at world size {job.world_size} by "
-        f"{job.config.autotuning.metric.value}; results in {job.results_path}",
-        highlight=False,
-        markup=False,
-    )
+
+    def header() -> None:
+        console.print(
+            f"autotune: tuning {job.label} at world size {job.world_size} by "
+            f"{job.config.autotuning.metric.value}; results in {job.results_path}",
+            highlight=False,
+            markup=False,
+        )
+
+    # The rest of the job is checked (torch imported, the workload run on the meta device)
+    # while the runner starts: Ray, and the actors of the first experiment. The header says
+    # the job is good as soon as it is known, Ray still starting.
+    start = functools.partial(_make_runner, runner, ray_address, gpus_per_rank, job)
     with (
-        _bad_input_exits(request, *_tune_errors(), script=job.script),
-        _make_runner(runner, ray_address, gpus_per_rank) as experiment_runner,
+        _bad_input_exits(request, *_job_errors(), *_tune_errors(), script=job.script),
+        started_runner(job, start, on_checked=header) as experiment_runner,
     ):
         try:
             with Progress(console, quiet) as progress:
@@ -428,11 +437,16 @@ def plan(
     print_plan(rows, device, world_size, source="a run's fit" if fitted else "the datasheet")
 
 
-def _make_runner(kind: RunnerKind, ray_address: str | None, gpus_per_rank: float | None) -> Any:
+def _make_runner(
+    kind: RunnerKind,
+    ray_address: str | None,
+    gpus_per_rank: float | None,
+    job: TuningJob | None = None,
+) -> Any:
     """The runner run starts (a name of this module's, so that a test can stand in another)."""
     from autotune.api import make_runner
 
-    return make_runner(kind.value, ray_address, gpus_per_rank)
+    return make_runner(kind.value, ray_address, gpus_per_rank, job)
 
 
 # DIR of report and best: run's default results directory, so that `autotune run` and then
