@@ -11,7 +11,7 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -275,7 +275,7 @@ def run(
         started_s=started_s,
         names=_RUN_NAMES,
     )
-    with _bad_input_exits(request, *_job_errors()):
+    with _bad_input_exits(request, _job_errors):
         job = load_job(request)  # a bad config fails here, before anything starts
     console = Console(stderr=False)
 
@@ -292,7 +292,7 @@ def run(
     # the job is good as soon as it is known, Ray still starting.
     start = functools.partial(_make_runner, runner, ray_address, gpus_per_rank, job)
     with (
-        _bad_input_exits(request, *_job_errors(), *_tune_errors(), script=job.script),
+        _bad_input_exits(request, _job_errors, _tune_errors, script=job.script),
         started_runner(job, start, on_checked=header) as experiment_runner,
     ):
         try:
@@ -363,18 +363,26 @@ def _tune_errors() -> tuple[type[Exception], ...]:
 
 @contextlib.contextmanager
 def _bad_input_exits(
-    request: RunRequest, *errors: type[Exception], script: ScriptTarget | None = None
+    request: RunRequest,
+    *kinds: Callable[[], tuple[type[Exception], ...]],
+    script: ScriptTarget | None = None,
 ) -> Iterator[None]:
-    """Any of ``errors``, or a config error named by the flag or file it came from, as one
-    line and exit 2."""
+    """A config error named by the flag or file it came from, or an error of one of the
+    ``kinds``, as one line and exit 2.
+
+    The kinds are looked up only once an error is raised: the modules that define them
+    import torch (a second), which a run must not wait for before it starts Ray.
+    """
     from autotune.api import attributed
 
     try:
         yield
     except ConfigError as err:
         raise fail(str(attributed(err, request, script))) from None
-    except errors as err:
-        raise fail(str(err)) from None
+    except Exception as err:
+        if isinstance(err, tuple(e for kind in kinds for e in kind())):
+            raise fail(str(err)) from None
+        raise
 
 
 class PlanFormat(str, enum.Enum):
