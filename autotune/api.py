@@ -6,6 +6,11 @@ The command line is a front over this module (as Ray Tune's ``tuner.py`` is over
 and overridden, loaded at the world size, the script found once); :func:`make_runner` starts
 what runs the experiments; :func:`autotune.tuning.tune` runs the job to the end. Errors are
 raised, never turned into exits: that is the command line's part.
+
+A run does :func:`make_job` in two halves: the config (cheap) is loaded first, so that a bad
+one fails before anything starts; the rest of the job is checked (torch imported, the
+workload run on the meta device: seconds) while the runner starts (Ray: seconds too), see
+:func:`started_runner`.
 """
 
 from __future__ import annotations
@@ -13,8 +18,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import enum
+import functools
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -101,9 +110,9 @@ def read_config(config: str | Path | Mapping[str, Any] | None) -> dict[str, Any]
 
 
 def make_job(request: RunRequest) -> TuningJob:
-    """The job ``request`` asks for, checked as far as it can be before anything starts (Ray
-    takes seconds): the config, the workload (a forward on the meta device), the results
-    directory, the engine.
+    """The job ``request`` asks for, checked as far as it can be before anything runs (an
+    experiment takes seconds): the config, the workload (a forward on the meta device), the
+    results directory, the engine. :func:`load_job`, then :func:`autotune.job.check_job`.
 
     Raises:
         ScriptError: the script cannot be found, or names no config and none is given.
@@ -113,7 +122,24 @@ def make_job(request: RunRequest) -> TuningJob:
         ResultsDirError / ResultsLockedError: the results directory cannot be used.
         DeepSpeedUnavailable: the job measures on DeepSpeed, and none usable is installed.
     """
-    from autotune.job import TuningJob, check_job
+    from autotune.job import check_job
+
+    job = load_job(request)
+    check_job(job)
+    return job
+
+
+def load_job(request: RunRequest) -> TuningJob:
+    """The job ``request`` asks for, its config loaded and checked but nothing else (a fraction
+    of a second: no torch, unless workload arguments are given as ``key=value`` strings);
+    :func:`autotune.job.check_job` checks the rest.
+
+    Raises:
+        ScriptError: the script cannot be found, or names no config and none is given.
+        ConfigError: the config, an override or the device memory breaks a rule; named by
+            where it came from (see :func:`attributed`).
+    """
+    from autotune.job import TuningJob
     from autotune.script_target import ScriptTarget
 
     # The script first: its arguments may name the config file.
@@ -137,7 +163,6 @@ def make_job(request: RunRequest) -> TuningJob:
         script=target.with_arg_mappings(config.autotuning.arg_mappings or {}) if target else None,
         started_s=request.started_s,
     )
-    check_job(job)
     return job
 
 
@@ -158,11 +183,19 @@ def attributed(
 
 
 def make_runner(
-    kind: str = "ray", ray_address: str | None = None, gpus_per_rank: float | None = None
+    kind: str = "ray",
+    ray_address: str | None = None,
+    gpus_per_rank: float | None = None,
+    job: TuningJob | None = None,
 ) -> Any:
     """What runs the experiments, as a context manager that shuts it down: ``"ray"``, warm
     actors on the Ray cluster at ``ray_address`` (None: one started here, or
-    ``RAY_ADDRESS``'s); ``"local"``, fresh processes per experiment."""
+    ``RAY_ADDRESS``'s); ``"local"``, fresh processes per experiment.
+
+    Given the ``job``, the Ray runner starts the actors of its first experiment before
+    returning (see :meth:`~autotune.runner.ray_runner.RayRunner.prestart`): they start
+    while the caller goes on.
+    """
     from autotune.runner import LocalRunner
 
     if kind == "local":
@@ -171,7 +204,90 @@ def make_runner(
         raise ValueError(f"runner {kind!r}: expected 'ray' or 'local'")
     from autotune.runner.ray_runner import RayRunner
 
-    return RayRunner(address=ray_address, gpus_per_rank=gpus_per_rank)
+    runner = RayRunner(address=ray_address, gpus_per_rank=gpus_per_rank)
+    if job is not None:
+        runner.prestart(job.world_size, job.cpus_per_rank, job.config.autotuning.engine)
+    return runner
+
+
+@contextlib.contextmanager
+def started_runner(
+    job: TuningJob,
+    start: Callable[[], ContextManager[Any]],
+    on_checked: Callable[[], None] | None = None,
+) -> Iterator[Any]:
+    """The runner ``start()`` makes (e.g. ``partial(make_runner, "ray", job=job)``), entered,
+    while ``job`` is checked (:func:`autotune.job.check_job`) on a thread of its own: both
+    take seconds (Ray's start; torch's import and the workload's meta-device forward), and
+    two cores do them at once. The runner is shut down if the check fails. ``on_checked``
+    runs on the checking thread as soon as the check has passed (to say that the run goes
+    on, while the runner may still be starting).
+
+    The check, not Ray, goes to the thread: Ray binds the processes it starts to the thread
+    that starts them (Linux's parent-death signal), so they would die with a thread that
+    ends. The thread is always waited for, whatever happens: one still importing torch as
+    the interpreter exits aborts it. Ctrl-C meanwhile takes effect once both are done (see
+    :func:`_ctrl_c_deferred`); a second one at once.
+
+    Raises:
+        WorkloadError, ResultsDirError, ResultsLockedError, DeepSpeedUnavailable: as
+            :func:`autotune.job.check_job`.
+    """
+    from autotune.job import check_job
+
+    failed: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            check_job(job)
+            if on_checked is not None:
+                on_checked()
+        except BaseException as err:  # raised again in the caller's thread, below
+            failed.append(err)
+
+    checking = threading.Thread(target=check, name="autotune-check-job", daemon=True)
+    with contextlib.ExitStack() as stack:
+        with _ctrl_c_deferred():
+            checking.start()
+            try:
+                runner = stack.enter_context(start())
+            finally:
+                checking.join()
+        if failed:
+            raise failed[0]  # the runner is shut down on the way out
+        yield runner
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) inside the block takes effect as the block ends; a second one at once.
+
+    While another thread imports, a KeyboardInterrupt raised in the middle of one of this
+    thread's own imports can leave Python's global import lock held (CPython's importlib is
+    not safe against it): the other thread's next import then waits forever, and so does
+    whoever waits for that thread. Seen: Ctrl-C at the wrong moment of a run's start hung it
+    (1 try in 10). Only the main thread receives signals; elsewhere this does nothing.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield
+        return
+    pressed = False
+
+    def defer(signum: int, frame: Any) -> None:
+        nonlocal pressed
+        if pressed:  # insisted on: the handler that was there, now
+            signal.signal(signal.SIGINT, previous)
+            signal.raise_signal(signal.SIGINT)
+        pressed = True
+
+    signal.signal(signal.SIGINT, defer)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        signal.raise_signal(signal.SIGINT)  # to the handler that was there: as if now
 
 
 def tune(
@@ -219,8 +335,9 @@ def tune(
 
     Raises:
         ConfigError, ScriptError, WorkloadError, ResultsDirError, ResultsLockedError,
-        DeepSpeedUnavailable: the input cannot run (see :func:`make_job`); raised before
-        the runner starts, except a config that leaves nothing to search.
+        DeepSpeedUnavailable: the input cannot run (see :func:`make_job`); a bad config
+        before the runner starts, the rest while it starts (it is shut down first), and a
+        config that leaves nothing to search once it has.
         KeyboardInterrupt: finished experiments are kept; the same call resumes.
 
     Example::
@@ -247,12 +364,13 @@ def tune(
         cpus_per_rank=cpus_per_rank,
         started_s=time.monotonic(),
     )
-    job = make_job(request)
-    try:
-        with make_runner(runner, ray_address, gpus_per_rank) as experiment_runner:
+    job = load_job(request)
+    start = functools.partial(make_runner, runner, ray_address, gpus_per_rank, job)
+    with started_runner(job, start) as experiment_runner:
+        try:
             return tuning.tune(job, experiment_runner, on_event, max_concurrent)
-    except ConfigError as err:
-        raise attributed(err, request, job.script) from None
+        except ConfigError as err:
+            raise attributed(err, request, job.script) from None
 
 
 def _config_file(request: RunRequest, script: ScriptTarget | None) -> Path | str | None:
@@ -290,9 +408,15 @@ def _device_memory_bytes(request: RunRequest) -> int | None:
 
 
 def _workload_args(args: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
+    if isinstance(args, Mapping):
+        return dict(args)
+    if not args:
+        # Not autotune.workloads for nothing: it imports torch (a second), which load_job
+        # leaves to the check that overlaps Ray's start.
+        return {}
     from autotune.workloads import parse_workload_args
 
-    return dict(args) if isinstance(args, Mapping) else parse_workload_args(args)
+    return parse_workload_args(args)
 
 
 def _as_json(value: Any) -> Any:

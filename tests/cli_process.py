@@ -3,9 +3,11 @@ it mid-run and resume."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,3 +38,30 @@ def wait_for_lines(log: Path, count: int, timeout_s: float = 120) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{log} never reached {count} lines")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30) -> bool:
+    """Whether ``condition()`` became true within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Pids of this user's processes whose environment holds ``name=value``: everything a
+    process started with it set, and whatever those started in turn (Ray's workers too)."""
+    wanted = f"{name}={value}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted in environ.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:  # gone, or not ours
+            continue
+    return pids

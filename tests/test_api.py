@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from autotune.api import RunRequest, make_job, tune
+import autotune.job
+from autotune.api import RunRequest, load_job, make_job, started_runner, tune
 from autotune.config import ConfigError
+from autotune.job import TuningJob
 from autotune.script_target import ScriptError
+from autotune.workloads import WorkloadError
 
 TINY = {"n_layer": 1, "d_model": 16, "n_head": 2, "seq_len": 8, "vocab": 64}
 CONFIG = {
@@ -64,3 +71,66 @@ def test_a_config_file_is_named_in_its_errors_and_a_named_override_by_its_name(
     named = RunRequest(path, {"seed": "x"}, names={"seed": "--seed"})
     with pytest.raises(ConfigError, match=r"^--seed x: autotuning\.seed"):
         make_job(named)
+
+
+class StandInRunner:
+    """A runner's context manager that records its start and close; ``as_starting`` runs as
+    it starts (in the caller's thread, as a Ray start would)."""
+
+    def __init__(self, as_starting: object = None) -> None:
+        self.events: list[str] = []
+        self.as_starting = as_starting
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[str]:
+        if callable(self.as_starting):
+            self.as_starting()
+        self.events.append("started")
+        try:
+            yield "runner"
+        finally:
+            self.events.append("closed")
+
+
+def a_job(tmp_path: Path) -> TuningJob:
+    return load_job(RunRequest(CONFIG, autotuning={"results_dir": str(tmp_path / "r")}))
+
+
+def test_the_job_is_checked_while_the_runner_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked = threading.Event()
+    monkeypatch.setattr(autotune.job, "check_job", lambda job: checked.set())
+    # The runner's start waits for the check: done one after the other, it would wait forever.
+    start = StandInRunner(as_starting=lambda: checked.wait(timeout=120) or pytest.fail("waited"))
+    with started_runner(a_job(tmp_path), start) as runner:
+        assert runner == "runner" and checked.is_set()
+    assert start.events == ["started", "closed"]
+
+
+def test_a_failed_check_shuts_the_runner_down_and_raises_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def bad_workload(job: TuningJob) -> None:
+        raise WorkloadError("workload 'nope': cannot import module 'nope'")
+
+    monkeypatch.setattr(autotune.job, "check_job", bad_workload)
+    start = StandInRunner()
+    failed = pytest.raises(WorkloadError, match="cannot import module 'nope'")
+    with failed, started_runner(a_job(tmp_path), start):
+        pytest.fail("the run went on after a failed check")
+    assert start.events == ["started", "closed"]
+
+
+def test_ctrl_c_while_the_runner_starts_takes_effect_once_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A KeyboardInterrupt raised inside one of the start's imports could leave the import
+    # lock held with the check's thread still importing: it waits for the start to finish.
+    checked: list[TuningJob] = []
+    monkeypatch.setattr(autotune.job, "check_job", checked.append)
+    start = StandInRunner(as_starting=lambda: signal.raise_signal(signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt), started_runner(a_job(tmp_path), start):
+        pytest.fail("the run went on after Ctrl-C")
+    assert start.events == ["started", "closed"] and len(checked) == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

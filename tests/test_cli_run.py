@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.results import DirectoryLock, load_results
-from tests.cli_process import start_autotune, wait_for_lines
+from tests.cli_process import processes_with_env, start_autotune, wait_for_lines, wait_until
 
 pytestmark = pytest.mark.multirank
 runner = CliRunner()
@@ -191,18 +194,17 @@ def test_bad_input_exits_2_with_one_line(bad_input_seen: dict[str, list[Any]], c
     assert line.startswith("error: ") and BAD_INPUT[case][1] in line
 
 
-@pytest.mark.parametrize("problem", ["workload", "results dir is a file"])
-def test_bad_input_is_refused_before_ray_starts(tmp_path: Path, problem: str) -> None:
-    """The error comes alone on stderr, before any worker starts (Ray takes seconds)."""
-    results = tmp_path / "results"
-    args = ["run", "--results-dir", str(results)]
-    if problem == "workload":
-        args += ["--workload", "no_such_module_xyz:build"]
+@pytest.mark.parametrize("problem", ["config key", "config file"])
+def test_a_bad_config_is_refused_before_ray_starts(tmp_path: Path, problem: str) -> None:
+    """The error comes alone on stderr, before anything starts Ray (it takes seconds)."""
+    if problem == "config key":
+        args = ["run", "--time-budget", "0"]
     else:
-        results.write_text("mine")
+        (tmp_path / "bad.json").write_text("{not json")
+        args = ["run", "-c", str(tmp_path / "bad.json")]
     probe = (
         "import sys\nfrom autotune.cli import main\n"
-        f"sys.argv = ['autotune', *{args!r}]\n"
+        f"sys.argv = ['autotune', *{args!r}, '--results-dir', {str(tmp_path / 'r')!r}]\n"
         "try:\n    main()\nexcept SystemExit as exit_:\n"
         "    print('ray imported:', 'ray' in sys.modules, file=sys.stderr)\n"
         "    raise\n"
@@ -213,6 +215,44 @@ def test_bad_input_is_refused_before_ray_starts(tmp_path: Path, problem: str) ->
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     error, imported = proc.stderr.strip().splitlines()
     assert error.startswith("error: ") and imported == "ray imported: False", proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("problem", ["workload", "results dir is a file"])
+def test_a_bad_job_found_while_ray_starts_is_one_line_and_leaves_no_ray(
+    tmp_path: Path, problem: str
+) -> None:
+    """The job is checked while Ray starts in the background: the error still comes alone on
+    stderr with exit 2, and the Ray it started is shut down, every process of it."""
+    results = tmp_path / "results"
+    args = ["run", "--results-dir", str(results)]
+    if problem == "workload":
+        args += ["--workload", "no_such_module_xyz:build"]
+    else:
+        results.write_text("mine")
+    # Short: Ray puts unix sockets under it, and their paths are limited to ~100 characters.
+    ray_dir = tempfile.mkdtemp(prefix="at-ray-", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": ray_dir}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "autotune", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
+        )
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        [error] = proc.stderr.splitlines()
+        assert error.startswith("error: ")
+        assert os.listdir(ray_dir), "Ray never started: this checks nothing"
+        assert wait_until(lambda: not processes_with_env("RAY_TMPDIR", ray_dir))
+    finally:
+        for pid in processes_with_env("RAY_TMPDIR", ray_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(ray_dir, ignore_errors=True)
     if problem != "workload":
         assert results.read_text() == "mine"
 

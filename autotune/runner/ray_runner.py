@@ -6,7 +6,9 @@ needs several nodes, or the strategy asked for. A placement group's bundles are 
 two experiments running side by side never share a GPU or a CPU slot. The gang outlives the
 experiment: torch is imported once, and the next experiment with the same shape reuses it,
 paying only for a fresh process group on a free port of the rank-0 node, its workload and its
-steps. Independent experiments run side by side while the cluster has room for their gangs
+steps. :meth:`RayRunner.prestart` starts a gang before its first experiment is known, so
+that its actors start (torch imported) while the caller does its own work. Independent
+experiments run side by side while the cluster has room for their gangs
 (:meth:`RayRunner.submit` / :meth:`RayRunner.wait`; :meth:`RayRunner.capacity` says how many).
 
 Failure isolation, mirroring :mod:`autotune.runner.local`:
@@ -40,7 +42,6 @@ modules must use ``num_cpus=0`` or it queues forever.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -49,12 +50,12 @@ from typing import Any
 
 import ray
 
-from autotune.config import ConfigError
+from autotune.config import ConfigError, EngineName
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.outcome import INFRASTRUCTURE_RETRIES, infrastructure_result
 from autotune.runner.process import PortReserver, reserve_port, utc_now
 from autotune.runner.rank import run_rank
-from autotune.runner.ray_cluster import connect_ray
+from autotune.runner.ray_cluster import connect_ray, shutdown_ray, worker_paths
 from autotune.runner.ray_experiment import ACTOR_START_TIMEOUT_S, RunningExperiment
 from autotune.runner.ray_gang import (
     ActorInfo,
@@ -128,6 +129,7 @@ class RayRunner:
         reserve_port: PortReserver = reserve_port,
     ) -> None:
         self._owns_ray = connect_ray(address, num_cpus, quiet)
+        self._worker_paths = worker_paths()  # what Ray's workers import from already
         if gpus_per_rank is None:
             gpus_per_rank = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         self._gpus_per_rank = gpus_per_rank
@@ -150,6 +152,25 @@ class RayRunner:
     def uses_gpus(self) -> bool:
         """Whether rank actors hold GPUs (else they share the nodes' cores)."""
         return self._gpus_per_rank > 0
+
+    def prestart(
+        self, world_size: int, cpus_per_rank: int = 1, engine: EngineName = EngineName.builtin
+    ) -> None:
+        """Start a gang for experiments of this shape now (returns at once; its actors start
+        in the background): the first such experiment takes it, its actors started or
+        starting, while the caller did its own work.
+
+        Nothing is started for a shape the cluster cannot hold (its experiments say why).
+        """
+        if self._closed:
+            raise RuntimeError("this RayRunner is closed")
+        try:
+            self._check_gpus_fit(world_size)
+        except ConfigError:
+            return  # raised by the first experiment of this world size
+        shape = GangShape(world_size, cpus_per_rank, self._gpus_per_rank, self._resources, engine)
+        if not self._missing(shape):
+            self._pool.prestart(shape)
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
         """Run ``spec`` and return its result; never raises for a failed experiment.
@@ -268,7 +289,7 @@ class RayRunner:
         self._running.clear()
         self._pool.close()
         if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+            shutdown_ray()
 
     def __enter__(self) -> RayRunner:
         return self
@@ -317,21 +338,28 @@ class RayRunner:
 
     def _make_gang(self, shape: GangShape) -> Gang:
         threads = str(shape.cpus_per_rank)
-        env_vars = {
-            # Set before the actor's interpreter starts: OpenMP reads it only once.
-            "OMP_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads,
-            # For modules the actor must import before any experiment arrives (the rank_fn's).
-            "PYTHONPATH": os.pathsep.join(DriverPaths.capture().sys_path),
-        }
+        # Set by each actor before it imports torch: OpenMP reads them only once.
+        env_vars = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if not shape.gpus_per_rank:
             # 0 GPUs means CPU ranks: a rank that sees a GPU takes it (NCCL), and ranks
             # sharing one GPU fail. Hidden here rather than trusting Ray's defaults for
             # actors that ask for no GPU, which have varied across versions.
             env_vars["CUDA_VISIBLE_DEVICES"] = ""
+        # The modules an actor imports before any experiment arrives (the rank_fn's) are
+        # found on the driver's paths: a cluster started here gave them to every worker as
+        # it started; elsewhere, or if the driver's paths have grown since, the actors get
+        # them in a runtime_env (and so workers of their own, started for them: seconds).
+        paths = DriverPaths.capture().sys_path
+        python_path = None if set(paths) <= set(self._worker_paths) else paths
         strategy = self._strategy_for(shape)
         return Gang(
-            shape, self._rank_fn, strategy, env_vars, self._preload_torch, self._reserve_port
+            shape,
+            self._rank_fn,
+            strategy,
+            env_vars,
+            self._preload_torch,
+            self._reserve_port,
+            python_path,
         )
 
     def _finish(self, experiment: RunningExperiment) -> ExperimentResult | None:
@@ -362,14 +390,9 @@ class RayRunner:
     ) -> ExperimentResult | None:
         """A result for ``spec`` if its gang can never be placed, or has waited too long."""
         shape = self._shape(spec)
-        totals = ray.cluster_resources()
-        missing = {
-            name: amount * shape.world_size
-            for name, amount in shape.bundle().items()
-            if amount * shape.world_size > totals.get(name, 0)
-        }
+        missing = self._missing(shape)
         if missing:
-            reason = f"needs {missing} in all but the cluster has {totals}"
+            reason = f"needs {missing} in all but the cluster has {ray.cluster_resources()}"
         elif not running and time.perf_counter() - waiting_since > PLACEMENT_TIMEOUT_S:
             reason = f"no room on the cluster within {PLACEMENT_TIMEOUT_S:g} s"
         else:
@@ -380,6 +403,15 @@ class RayRunner:
             error=f"PlacementError: {shape.world_size} ranks of {shape.bundle()}: {reason}",
             started_at=utc_now(),
         )
+
+    def _missing(self, shape: GangShape) -> dict[str, float]:
+        """What a gang of ``shape`` needs in all beyond what the whole cluster has."""
+        totals = ray.cluster_resources()
+        return {
+            name: amount * shape.world_size
+            for name, amount in shape.bundle().items()
+            if amount * shape.world_size > totals.get(name, 0)
+        }
 
     def _wait(self, running: list[RunningExperiment], idle: bool) -> list[Any]:
         """Block until a rank reports, the nearest deadline passes, or (with experiments

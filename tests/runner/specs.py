@@ -4,6 +4,7 @@ module they can import)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -68,11 +69,19 @@ def script_spec(name: str, output_dir: Path, **kw: Any) -> ExperimentSpec:
     )
 
 
+# What a rank's process must hold before torch loads, as stand_in_rank reports it.
+RANK_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+
+
 def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
-    """Sleeps ``sleep_s`` and reports success; writes its pid to ``pid_dir`` if given."""
+    """Sleeps ``sleep_s`` and reports success; writes its pid to ``pid_dir`` and its
+    :data:`RANK_ENV` (JSON) to ``env_dir`` if given."""
     args = spec.workload_args
     if "pid_dir" in args:
         (Path(args["pid_dir"]) / f"{spec.name}-{rank}").write_text(str(os.getpid()))
+    if "env_dir" in args:
+        env = {name: os.environ.get(name) for name in RANK_ENV}
+        (Path(args["env_dir"]) / f"{spec.name}-{rank}").write_text(json.dumps(env))
     started = time.perf_counter()
     time.sleep(float(args.get("sleep_s", 0.0)))
     window_s = time.perf_counter() - started

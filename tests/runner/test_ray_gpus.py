@@ -16,7 +16,7 @@ from autotune.config import ConfigError
 from autotune.experiment import Status
 from autotune.runner import ray_runner
 from autotune.runner.ray_experiment import RunningExperiment
-from autotune.runner.ray_gang import GangShape
+from autotune.runner.ray_gang import DriverPaths, GangShape
 from autotune.runner.ray_runner import RayRunner, check_gpus_fit
 from tests.runner.specs import stand_in
 
@@ -127,6 +127,23 @@ def test_ranks_without_gpus_see_none(
     monkeypatch.setattr(ray_runner, "Gang", lambda shape, fn, strategy, env, *_: made.append(env))
     runner = object.__new__(RayRunner)
     runner._rank_fn, runner._strategy, runner._preload_torch = None, "PACK", True
-    runner._reserve_port = None
+    runner._reserve_port, runner._worker_paths = None, ()
     runner._make_gang(GangShape(2, 1, gpus_per_rank))
     assert (made[0].get("CUDA_VISIBLE_DEVICES") == "") is hidden
+
+
+@pytest.mark.parametrize("known_to_workers", [True, False])
+def test_actors_get_the_drivers_paths_in_a_runtime_env_only_where_workers_lack_them(
+    monkeypatch: pytest.MonkeyPatch, known_to_workers: bool
+) -> None:
+    # A runtime_env of its own costs an actor a worker started for it (seconds): only where
+    # Ray's workers do not already import from the driver's paths (a cluster started
+    # elsewhere, or paths the driver added since it started this one).
+    made: list[object] = []
+    monkeypatch.setattr(ray_runner, "Gang", lambda *args: made.append(args[6]))
+    runner = object.__new__(RayRunner)
+    runner._rank_fn, runner._strategy, runner._preload_torch = None, "PACK", True
+    paths = DriverPaths.capture().sys_path
+    runner._reserve_port, runner._worker_paths = None, paths if known_to_workers else ()
+    runner._make_gang(GangShape(2, 1, 0.0))
+    assert made == [None if known_to_workers else paths]

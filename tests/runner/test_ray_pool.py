@@ -3,6 +3,7 @@ between experiments, and that the driver stopping (exception, Ctrl-C) stops its 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -174,6 +176,40 @@ def test_ctrl_c_in_the_driver_stops_its_actors(
     finally:
         driver.kill()
         driver.wait()
+
+
+def test_a_prestarted_gang_runs_the_first_experiment_of_its_shape(
+    runner: RayRunner, tmp_path: Path
+) -> None:
+    runner.release_idle()  # the runner below needs the CPUs this module's runner may hold
+    with RayRunner(rank_fn=stand_in_rank) as fresh:
+        fresh.prestart(world_size=2)  # returns at once: the gang starts in the background
+        assert wait_for(lambda: len(fresh.actors()) == 2, timeout_s=60)
+        prestarted = {actor.pid for actor in fresh.actors()}
+        assert fresh.run(stand_in("first", world_size=2, pid_dir=str(tmp_path))).ok
+        assert len(fresh.actors()) == 2  # no other gang was started
+    assert {int((tmp_path / f"first-{rank}").read_text()) for rank in range(2)} == prestarted
+
+
+def test_a_prestart_the_cluster_can_never_hold_starts_nothing(runner: RayRunner) -> None:
+    with RayRunner(rank_fn=stand_in_rank) as fresh:
+        fresh.prestart(world_size=64)
+        assert fresh.actors() == [] and not fresh._pool.gangs
+        [result] = fresh.run_many([stand_in("huge", world_size=64)])
+    assert result.status is Status.error and "PlacementError" in (result.error or "")
+
+
+def test_ranks_get_their_threads_and_no_gpu_before_torch_loads(
+    runner: RayRunner, tmp_path: Path
+) -> None:
+    # Set by the actor itself rather than a runtime_env (which costs each actor a fresh
+    # worker): OpenMP and CUDA read these once, as torch loads them.
+    runner.release_idle()
+    two_cores = replace(stand_in("threads", env_dir=str(tmp_path)), cpus_per_rank=2)
+    with RayRunner(rank_fn=stand_in_rank) as fresh:
+        assert fresh.run(two_cores).ok
+    env = json.loads((tmp_path / "threads-0").read_text())
+    assert env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_ranks_run_at_the_drivers_priority(runner: RayRunner, tmp_path: Path) -> None:
