@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "bench_time_to_answer.json"
 TARGET_RATIO = 1.5
+BUSY_TARGET = 0.85  # every stage's best, as a share of the best, with a core kept busy
 
 
 def one_round(num_trials: int | None, busy: tuple[float, float] | None = None) -> dict[str, Any]:
@@ -58,16 +59,16 @@ def one_round(num_trials: int | None, busy: tuple[float, float] | None = None) -
             raise SystemExit(f"autotune run failed ({run.returncode}):\n{output}")
         report = _cli(work, "report", "-f", "json")
         named_best = _cli(work, "best").strip()
-        records = [
-            json.loads(line)
-            for line in (Path(work) / "autotuning_results" / "experiments.jsonl")
-            .read_text()
-            .splitlines()
-            if line.strip()
-        ]
+        log_text = (Path(work) / "autotuning_results" / "experiments.jsonl").read_text()
+        records = [json.loads(line) for line in log_text.splitlines() if line.strip()]
         summary = json.loads((Path(work) / "autotuning_results" / "summary.json").read_text())
     best = summary.get("best") or {}
     per_stage = [entry["value"] for entry in (summary.get("best_per_variant") or {}).values()]
+    worst = min(per_stage) / best["value"] if per_stage and best else None
+    if busy is not None and worst is not None and worst < BUSY_TARGET:
+        kept = Path(tempfile.mkdtemp(prefix="autotune-tta-busy-"))
+        (kept / "experiments.jsonl").write_text(log_text)
+        print(f"a stage's best at {worst:.2f} of the best: its log is kept in {kept}")
     one_pass = sum(
         r["timings"]["warmup_s"] + r["timings"]["window_s"]
         for r in records
@@ -82,7 +83,7 @@ def one_round(num_trials: int | None, busy: tuple[float, float] | None = None) -
         "remeasured": sum(1 for r in records if r.get("repeat_of") is not None),
         "best": best.get("name"),
         "busy": list(busy) if busy else None,
-        "worst_stage_over_best": min(per_stage) / best["value"] if per_stage else None,
+        "worst_stage_over_best": worst,
         "report_names_best": json.loads(report)[0]["name"] == best.get("name")
         and Path(named_best).name == Path(summary.get("optimal_config") or "").name,
     }
