@@ -46,7 +46,7 @@ def load_results(
     ranking counts (its undisturbed ones where it has any: the ranked metric is the ranking's
     own value, every other metric the median over the same runs, ``runs`` how many,
     ``spread`` their spread; see :func:`fold_runs`), in the order the tuner declares them
-    (:func:`autotune.tuner.ranking.ranking`), then the configurations that never ran ok. With
+    (:func:`autotune.tuner.ranking.rank`), then the configurations that never ran ok. With
     ``runs=True`` as well, every experiment ranked by its own measurement instead.
 
     Columns: ``name``, ``status``, ``zero_stage``, ``micro_batch_size``,

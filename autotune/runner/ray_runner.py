@@ -168,7 +168,7 @@ class RayRunner:
             self._check_gpus_fit(world_size)
         except ConfigError:
             return  # raised by the first experiment of this world size
-        shape = GangShape(world_size, cpus_per_rank, self._gpus_per_rank, self._resources, engine)
+        shape = self._gang_shape(world_size, cpus_per_rank, engine)
         if not self._missing(shape):
             self._pool.prestart(shape)
 
@@ -298,9 +298,10 @@ class RayRunner:
         self.close()
 
     def _shape(self, spec: ExperimentSpec) -> GangShape:
-        return GangShape(
-            spec.world_size, spec.cpus_per_rank, self._gpus_per_rank, self._resources, spec.engine
-        )
+        return self._gang_shape(spec.world_size, spec.cpus_per_rank, spec.engine)
+
+    def _gang_shape(self, world_size: int, cpus_per_rank: int, engine: EngineName) -> GangShape:
+        return GangShape(world_size, cpus_per_rank, self._gpus_per_rank, self._resources, engine)
 
     def _check_gpus_fit(self, world_size: int) -> None:
         if self._gpus_per_rank:

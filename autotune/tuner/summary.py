@@ -35,7 +35,7 @@ class TuningSummary:
     Attributes:
         metric: what was optimised.
         ranking: every configuration that ran ok, repeats folded, in the one order every
-            output shows (:func:`~autotune.tuner.ranking.ranking`: best median first).
+            output shows (:func:`~autotune.tuner.ranking.rank`: best median first).
         best: the first of ``ranking``.
         best_overrides: the dotted-key values that make the user's config the best one.
         best_per_variant: the best configuration of each ZeRO variant (``z2``, ``z3_ocpu``).

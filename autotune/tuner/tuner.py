@@ -620,8 +620,10 @@ class Tuner:
     def _search_budget_spent(self) -> bool:
         """Whether the search may start no more experiments: the cap reached, but for one
         kept for measuring the best again while it is in doubt."""
-        keep = 1 if self._remeasure.doubted_leader() is not None else 0
-        return self._trials_left() <= keep
+        left = self._trials_left()
+        if left != 1:  # the doubt (a ranking and the noise) is weighed only at the last slot
+            return left <= 0
+        return self._remeasure.doubted_leader() is not None
 
     def _patience_spent(self) -> bool:
         if self._phase is Phase.model and self._model_search is not None:
