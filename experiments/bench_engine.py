@@ -411,7 +411,14 @@ class Pool:
     """A ``--serve`` subprocess: two ranks of one venv's python."""
 
     def __init__(self, kind: str, python: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        # Prepended: packages carried to a GPU machine come by PYTHONPATH too.
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+        if kind == "deepspeed" and "TORCH_CUDA_ARCH_LIST" in env:
+            # DeepSpeed's JIT build of its fused Adam reads "9.0a" (torch's spelling for
+            # Hopper's own instructions) as a number and fails; it needs none of them.
+            arches = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", env["TORCH_CUDA_ARCH_LIST"])
+            env["TORCH_CUDA_ARCH_LIST"] = arches
         # DeepSpeed logs a great deal: to a file, named in the error if its pool dies.
         self.log = Path(tempfile.gettempdir()) / f"bench_engine_{kind}_{os.getpid()}.log"
         self.proc = subprocess.Popen(

@@ -39,7 +39,9 @@ def test_the_trainer_script_trains_on_the_gpu(tmp_path: Path, stage: int, precis
         "--report_to", "none", "--save_strategy", "no",
         *(["--bf16"] if precision == "bf16" else []),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "hf"), str(REPO)])}
+    # Prepended: a GPU machine's extra packages (gpu_check.sh's wheels) come by PYTHONPATH too.
+    paths = [str(REPO / "tests" / "hf"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     record(f"hf_trainer_z{stage}_{precision}", {"stdout": done.stdout[-3000:]})
     assert done.returncode == 0, done.stderr[-3000:]
