@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -27,7 +28,16 @@ def _to_meta(value: Any) -> Any:
     return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
-def _count(model: nn.Module, inputs: Sequence[Any], on_meta: bool) -> int:
+def run_train_step(
+    model: nn.Module, inputs: Sequence[Any], mode: AbstractContextManager[Any], *, on_meta: bool
+) -> list[torch.Tensor]:
+    """One forward and backward of ``model(*inputs)`` under ``mode`` (a counter); returns the
+    parameters' gradients.
+
+    Gradients come from ``torch.autograd.grad``, so the model's ``.grad`` is left alone.
+    ``on_meta`` runs on meta copies of the parameters, buffers and inputs: nothing is
+    allocated or computed.
+    """
     params: dict[str, torch.Tensor] = dict(model.named_parameters())
     buffers: dict[str, torch.Tensor] = dict(model.named_buffers())
     if on_meta:
@@ -38,11 +48,18 @@ def _count(model: nn.Module, inputs: Sequence[Any], on_meta: bool) -> int:
         buffers = {name: b.to("meta") for name, b in buffers.items()}
         inputs = [_to_meta(x) for x in inputs]
     trainable = [p for p in params.values() if p.requires_grad]
-    with FlopCounterMode(display=False) as counter:
+    grads: Sequence[torch.Tensor | None] = ()
+    with mode:
         loss = functional_call(model, {**params, **buffers}, tuple(inputs))
         if trainable:
-            # autograd.grad, not backward(): the same FLOPs, and the model's .grad is untouched.
-            torch.autograd.grad(loss, trainable, allow_unused=True)
+            grads = torch.autograd.grad(loss, trainable, allow_unused=True)
+        del loss
+    return [g for g in grads if g is not None]
+
+
+def _count(model: nn.Module, inputs: Sequence[Any], on_meta: bool) -> int:
+    counter = FlopCounterMode(display=False)
+    run_train_step(model, inputs, counter, on_meta=on_meta)
     return int(counter.get_total_flops())
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from autotune.experiment import Metrics
-from autotune.profiling.flops import flops_per_micro_batch
+from autotune.profiling.flops import flops_per_micro_batch, run_train_step
 from autotune.workloads import Workload
 
 
@@ -27,6 +30,15 @@ class ModelInfo:
     micro-batches of 1 and 2, so parts that do not grow with the batch are left out)."""
     flops_per_sample: float
     """FLOPs of forward + backward per sample (see ``flops_per_micro_batch``)."""
+    backward_bytes_per_sample: int = 0
+    """What backward holds at its peak beyond the saved activations, per sample: the gradients
+    flowing back (an op's output gradient and its input gradient are alive at once, the largest
+    at the loss: a language model's logits). A GPU's allocator sees them; 0 where unknown."""
+
+    @property
+    def step_bytes_per_sample(self) -> int:
+        """The most activation bytes a training step holds at once, per sample."""
+        return self.activation_bytes_per_sample + self.backward_bytes_per_sample
 
     @classmethod
     def from_metrics(cls, metrics: Metrics | None, world_size: int) -> ModelInfo | None:
@@ -100,6 +112,69 @@ def saved_activation_bytes_on_meta(model: nn.Module, inputs: Sequence[Any]) -> i
     return sum(saved.values())
 
 
+class _LiveBytes(TorchDispatchMode):
+    """When each storage made under it was made and freed, counted once per storage (views and
+    in-place ops share one). Frees are seen by a finalizer: torch keeps a storage's Python
+    object alive as long as the storage itself, wherever autograd holds it. A storage is known
+    by its address while it lives and by a serial number in the log: addresses are reused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[int, int]] = []  # (serial, +bytes made / -bytes freed)
+        self._live: dict[int, tuple[int, int]] = {}  # address -> (serial, bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self._track(tensor.untyped_storage())
+        return out
+
+    def _track(self, storage: torch.UntypedStorage) -> None:
+        address = storage._cdata
+        if address not in self._live:
+            serial = len(self.events)
+            self._live[address] = (serial, storage.nbytes())
+            self.events.append((serial, storage.nbytes()))
+            weakref.finalize(storage, self._free, address).atexit = False
+
+    def _free(self, address: int) -> None:
+        serial, nbytes = self._live.pop(address, (None, 0))
+        if serial is not None:
+            self.events.append((serial, -nbytes))
+
+    def serial(self, tensor: torch.Tensor) -> int | None:
+        """The serial number of a live tensor's storage (None: not made under this mode)."""
+        made = self._live.get(tensor.untyped_storage()._cdata)
+        return made[0] if made else None
+
+    def peak(self, leaving_out: set[int | None]) -> int:
+        """The most bytes alive at once, the storages of the serials in ``leaving_out`` not
+        counted."""
+        current = peak = 0
+        for serial, nbytes in self.events:
+            if serial not in leaving_out:
+                current += nbytes
+                peak = max(peak, current)
+        return peak
+
+
+def step_peak_bytes(model: nn.Module, inputs: Sequence[Any], *, on_meta: bool = False) -> int:
+    """The most bytes a training step's activations and backward's gradients in flight hold at
+    once. The parameters' own gradients are left out: they do not grow with the batch, and
+    where they pile up (the end of backward) would hide where activations peak (its start).
+    ``on_meta`` as for :func:`autotune.profiling.flops.run_train_step`."""
+    live = _LiveBytes()
+    grads = run_train_step(model, inputs, live, on_meta=on_meta)
+    return live.peak(leaving_out={live.serial(g) for g in grads})
+
+
+def _per_sample(measure: Callable[[int], int]) -> int:
+    """The slope of ``measure(micro_batch)`` between micro-batches of 1 and 2: what does not
+    grow with the batch (parameters, their gradients) drops out."""
+    return max(measure(2) - measure(1), 0)
+
+
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -123,22 +198,24 @@ def model_info_on_meta(workload: Workload, precision: str = "fp32") -> ModelInfo
             for x in workload.make_batch(size, generator)
         ]
 
-    one = saved_activation_bytes_on_meta(model, on_meta(1))
-    two = saved_activation_bytes_on_meta(model, on_meta(2))
+    saved = _per_sample(lambda size: saved_activation_bytes_on_meta(model, on_meta(size)))
+    peak = _per_sample(lambda size: step_peak_bytes(model, on_meta(size), on_meta=True))
     flops = flops_per_micro_batch(workload, 1, on_meta=True)
     return ModelInfo(
         num_params=sum(p.numel() for p in params),
         param_bytes=sum(p.numel() * p.element_size() for p in params),
-        activation_bytes_per_sample=max(two - one, 0),
+        activation_bytes_per_sample=saved,
         flops_per_sample=float(flops),
+        backward_bytes_per_sample=max(peak - saved, 0),
     )
 
 
 def model_info(workload: Workload, micro_batch_size: int = 1) -> ModelInfo:
     """Parameters, activation bytes and FLOPs of a workload, in about a second.
 
-    Activations are measured with two real forwards, at micro-batches of 1 and 2, on the
-    model's device; FLOPs are counted on meta at ``micro_batch_size``.
+    Activations are measured with real steps at micro-batches of 1 and 2 on the model's device
+    (forwards for what is saved, forwards and backwards for the step's peak); FLOPs are counted
+    on meta at ``micro_batch_size``.
 
     Args:
         workload: The workload (its model on CPU, typically).
@@ -147,14 +224,17 @@ def model_info(workload: Workload, micro_batch_size: int = 1) -> ModelInfo:
     Returns:
         The model's info.
     """
-    params = list({id(p): p for p in workload.model.parameters()}.values())
+    model = workload.model
+    params = list({id(p): p for p in model.parameters()}.values())
     generator = torch.Generator().manual_seed(0)
-    one = saved_activation_bytes(workload.model, workload.make_batch(1, generator))
-    two = saved_activation_bytes(workload.model, workload.make_batch(2, generator))
+    batch = lambda size: workload.make_batch(size, generator)  # noqa: E731
+    saved = _per_sample(lambda size: saved_activation_bytes(model, batch(size)))
+    peak = _per_sample(lambda size: step_peak_bytes(model, batch(size)))
     flops = flops_per_micro_batch(workload, micro_batch_size)
     return ModelInfo(
         num_params=sum(p.numel() for p in params),
         param_bytes=sum(p.numel() * p.element_size() for p in params),
-        activation_bytes_per_sample=max(two - one, 0),
+        activation_bytes_per_sample=saved,
         flops_per_sample=flops / micro_batch_size,
+        backward_bytes_per_sample=max(peak - saved, 0),
     )

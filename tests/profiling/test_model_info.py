@@ -7,7 +7,13 @@ import torch
 from torch import nn
 
 from autotune.profiling.flops import flops_per_micro_batch
-from autotune.profiling.model_info import ModelInfo, model_info, saved_activation_bytes
+from autotune.profiling.model_info import (
+    ModelInfo,
+    model_info,
+    model_info_on_meta,
+    saved_activation_bytes,
+    step_peak_bytes,
+)
 from autotune.workloads import Workload, resolve_workload
 
 SMALL = {"n_layer": 2, "d_model": 128, "n_head": 4, "seq_len": 64, "vocab": 1024}
@@ -29,6 +35,32 @@ def test_gpt_activations_include_the_logits() -> None:
     # Cross-entropy keeps its log-softmax: seq_len * vocab floats per sample, at least.
     info = model_info(resolve_workload("gpt", SMALL))
     assert info.activation_bytes_per_sample > SMALL["seq_len"] * SMALL["vocab"] * 4
+
+
+@pytest.mark.parametrize("on_meta", [False, True])
+def test_the_step_peak_grows_linearly_with_micro_batch(on_meta: bool) -> None:
+    workload = resolve_workload("gpt", SMALL)
+    generator = torch.Generator().manual_seed(0)
+    peaks = [
+        step_peak_bytes(workload.model, workload.make_batch(b, generator), on_meta=on_meta)
+        for b in (2, 4, 8)
+    ]
+    assert 0 < peaks[0] < peaks[1]
+    assert peaks[2] - peaks[1] == pytest.approx(2 * (peaks[1] - peaks[0]), rel=0.01)
+    assert all(p.grad is None for p in workload.model.parameters())  # .grad left alone
+
+
+def test_backward_holds_the_logits_gradient_and_its_inputs_beyond_the_saved_tensors() -> None:
+    # At the loss, the logits' gradient and its input's are alive at once on top of every
+    # saved tensor: two seq_len * vocab floats a sample (an H100's allocator agreed).
+    logits = SMALL["seq_len"] * SMALL["vocab"] * 4
+    with torch.device("meta"):
+        on_meta = resolve_workload("gpt", SMALL)
+    for info in (model_info(resolve_workload("gpt", SMALL)), model_info_on_meta(on_meta)):
+        assert info.backward_bytes_per_sample == pytest.approx(2 * logits, rel=0.05)
+        assert info.step_bytes_per_sample == (
+            info.activation_bytes_per_sample + info.backward_bytes_per_sample
+        )
 
 
 def test_parameters_are_not_counted_as_activations() -> None:
