@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,7 +160,7 @@ def workload_model_info(job: TuningJob) -> ModelInfo:
     seed = job.config.autotuning.seed
     check_workload(job.workload, job.workload_args, seed=seed)
     try:
-        return model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
+        info = model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
     except WorkloadError:
         raise
     except Exception as err:  # the user's model failed a real forward/backward on CPU
@@ -168,6 +168,12 @@ def workload_model_info(job: TuningJob) -> ModelInfo:
             f"workload {job.workload!r}: profiling one micro-batch failed: "
             f"{type(err).__name__}: {err}"
         ) from None
+    if not _has_cuda():
+        # The estimate predicts what an experiment will measure: on CPU the engine's
+        # accounting (which the stand-in budget is held to) counts the tensors saved for
+        # backward, not the gradients in flight that a CUDA allocator also sees.
+        info = replace(info, backward_bytes_per_sample=0)
+    return info
 
 
 def measured_model_info(history: list[ExperimentResult], world_size: int) -> ModelInfo | None:
