@@ -410,11 +410,7 @@ def _device_memory_bytes(request: RunRequest) -> int | None:
 def _workload_args(args: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
     if isinstance(args, Mapping):
         return dict(args)
-    if not args:
-        # Not autotune.workloads for nothing: it imports torch (a second), which load_job
-        # leaves to the check that overlaps Ray's start.
-        return {}
-    from autotune.workloads import parse_workload_args
+    from autotune.workloads import parse_workload_args  # without torch
 
     return parse_workload_args(args)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +92,23 @@ class StandInRunner:
             yield "runner"
         finally:
             self.events.append("closed")
+
+
+def test_loading_a_job_with_workload_arguments_leaves_torch_to_the_check(tmp_path: Path) -> None:
+    # ``-a key=value`` is parsed before Ray starts; torch (a second) loads in the check that
+    # overlaps it. A fresh interpreter: this one imported torch long ago.
+    probe = (
+        "import json, sys\n"
+        "from autotune.api import RunRequest, load_job\n"
+        f"job = load_job(RunRequest({{}}, workload_args=['n_layer=2', 'vocab=64'],"
+        f" autotuning={{'results_dir': {str(tmp_path / 'r')!r}}}))\n"
+        "print(json.dumps([dict(job.workload_args), 'torch' in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [{"n_layer": 2, "vocab": 64}, False]
 
 
 def a_job(tmp_path: Path) -> TuningJob:

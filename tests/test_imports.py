@@ -20,7 +20,14 @@ HEAVY = ("torch", "ray", "autotune.engine")
 
 
 @pytest.mark.parametrize(
-    "module", ["autotune.tuner", "autotune.config", "autotune.results", "autotune.model_states"]
+    "module",
+    [
+        "autotune.tuner",
+        "autotune.config",
+        "autotune.results",
+        "autotune.model_states",
+        "autotune.workloads",
+    ],
 )
 def test_pure_module_loads_neither_torch_nor_ray_nor_the_engine(module: str) -> None:
     # A fresh interpreter: this one has long since imported torch for other tests. A package

@@ -13,13 +13,6 @@ MakeBatch = Callable[[int, torch.Generator], tuple[Any, ...]]
 """``make_batch(micro_batch_size, generator)`` → the positional inputs of one micro-batch."""
 
 
-class WorkloadError(ValueError):
-    """A workload spec or its arguments cannot give a usable workload.
-
-    The message is one line and starts with the spec (``workload 'mypkg.models:build': ...``).
-    """
-
-
 @dataclass(frozen=True)
 class Workload:
     """A model to train and the synthetic (or user-made) data to train it on.

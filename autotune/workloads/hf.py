@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.workloads.base import Workload, WorkloadError
+from autotune.workloads.args import WorkloadError
+from autotune.workloads.base import Workload
 
 HF_PREFIX = "hf:"
 # Heads by preference: an encoder (bert) pre-trains as a masked LM, a decoder (gpt2, llama)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from autotune.workloads.base import Workload, WorkloadError
+from autotune.workloads.args import WorkloadError
+from autotune.workloads.base import Workload
 from autotune.workloads.gpt import build_gpt
 from autotune.workloads.hf import HF_PREFIX, build_hf, build_hf_gpt2
 from autotune.workloads.mlp import build_mlp
@@ -239,31 +239,3 @@ def check_workload(spec: str, args: Mapping[str, Any] | None = None, *, seed: in
         workload = _build(spec, factory, args, seed)
         _check_forward(spec, workload, on_meta=False)
     return sum(p.numel() for p in workload.model.parameters())
-
-
-def parse_workload_args(pairs: Iterable[str]) -> dict[str, Any]:
-    """Parse ``key=value`` strings, reading each value as JSON where it parses.
-
-    Args:
-        pairs: Strings such as ``"n_layer=4"``, ``"dropout=0.1"``, ``'size="27m"'``, ``"name=x"``.
-
-    Returns:
-        ``{"n_layer": 4, "dropout": 0.1, "size": "27m", "name": "x"}``: JSON values where they
-        parse (numbers, ``true``, ``null``, lists, objects, quoted strings), else the raw string.
-
-    Raises:
-        WorkloadError: A pair has no ``=``, its key is not an identifier, or a key repeats.
-    """
-    parsed: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise WorkloadError(f"workload argument {pair!r}: expected key=value")
-        if key in parsed:
-            raise WorkloadError(f"workload argument {pair!r}: {key!r} is given twice")
-        try:
-            parsed[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            parsed[key] = raw
-    return parsed
