@@ -137,10 +137,7 @@ class Remeasurement:
     def noise_measured(self) -> bool:
         """Whether some configuration was measured twice on a quiet machine, so that
         :meth:`noise` is this run's own, not the prior guess."""
-        counts = Counter(
-            split_repeat(name)[0] for name, r in self._ledger.results.items() if _quiet(r)
-        )
-        return any(count > 1 for count in counts.values())
+        return any(len(latencies) > 1 for latencies in self._quiet_latencies().values())
 
     def _window_noise(self) -> float:
         errors = []
@@ -152,14 +149,19 @@ class Remeasurement:
         return statistics.median(errors) if errors else 0.0
 
     def _noise(self, with_control: bool) -> float:
-        control = None if with_control else self.control()
+        groups = self._quiet_latencies()
+        if not with_control:
+            groups.pop(self.control() or "", None)
+        return measurement_noise(groups.values())
+
+    def _quiet_latencies(self) -> dict[str, list[float]]:
+        """Each configuration's latencies measured on a quiet machine (:func:`_quiet`)."""
         groups: dict[str, list[float]] = {}
         for name, result in self._ledger.results.items():
-            base = split_repeat(name)[0]
-            if base != control and _quiet(result):
+            if _quiet(result):
                 assert result.metrics is not None
-                groups.setdefault(base, []).append(result.metrics.latency)
-        return measurement_noise(groups.values())
+                groups.setdefault(split_repeat(name)[0], []).append(result.metrics.latency)
+        return groups
 
     def confirmation(self, is_open: Callable[[str], bool]) -> str | None:
         """The leader's second measurement if it is in doubt (:meth:`doubted_leader`), else
