@@ -35,6 +35,7 @@ out within 3% of each other in another order).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -72,19 +73,25 @@ REFINE_Z = 1.96
 def probe_largest_micro_batches(
     job: TuningJob, info: Any, runner: Any
 ) -> tuple[Tuner, list[ExperimentResult]]:
-    """The tuner's own search for each variant's largest micro-batch, run for real."""
-    tuner = Tuner(job.config, info, device_memory_bytes=job.memory_budget)
+    """The tuner's own search for each variant's largest micro-batch, run for real (the
+    phase-by-phase tuners search it first; model_based, the default, has no such phase)."""
+    config = job.config.with_overrides({"autotuning.tuner_type": "gridsearch"})
+    tuner = Tuner(config, info, device_memory_bytes=job.memory_budget)
     results = []
     while (candidate := tuner.ask()) is not None and candidate.phase is Phase.max_micro_batch:
         result = runner.run(experiment_spec(job, candidate, info.flops_per_sample))
-        print(f"probe {candidate.name}: {result.status.value}", flush=True)
+        print(f"probe {candidate.name}: {result.status.value} ({result.duration_s:.1f} s)")
         tuner.tell(result)
         results.append(result)
     return tuner, results
 
 
-def grid(job: TuningJob, info: Any, probes: list[ExperimentResult]) -> dict[str, dict[str, Any]]:
-    """Name → overrides of every configuration to measure (see the module docstring)."""
+def grid(
+    job: TuningJob, info: Any, probes: list[ExperimentResult], knobs: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Name → overrides of every configuration to measure (see the module docstring);
+    without ``knobs``, stage x micro-batch only: the sizes compared, the probes' and the
+    powers of two up to the largest fit (throughput against micro-batch, per stage)."""
     space = build_space(job.config, info, job.memory_budget)
     by_name: dict[str, dict[str, Any]] = {}
     ok = {r.name for r in probes if r.ok}
@@ -97,9 +104,22 @@ def grid(job: TuningJob, info: Any, probes: list[ExperimentResult]) -> dict[str,
             for combo in itertools.product(*(v for _, v in plan.knobs))
         ]
         for size in plan.compared_sizes(max(sizes)):
-            for knobs in [{}, *points]:
-                overrides = space.overrides(plan.variant, size, knobs)
+            for point in [{}, *points] if knobs else [{}]:
+                overrides = space.overrides(plan.variant, size, point)
                 by_name[space.name(overrides)] = overrides
+        sweep = [] if knobs else [2**k for k in range(1, max(sizes).bit_length())]
+        for size in [*sizes, *sweep]:
+            overrides = space.overrides(plan.variant, size)
+            by_name[space.name(overrides)] = overrides
+    return by_name
+
+
+def sized_grid(job: TuningJob, info: Any, sizes: list[int]) -> dict[str, dict[str, Any]]:
+    """Name → overrides of every variant at each of ``sizes``, no probing: what does not fit
+    is measured once, as an out-of-memory result."""
+    space = build_space(job.config, info, job.memory_budget)
+    by_name = {}
+    for plan in space.plans:
         for size in sizes:
             overrides = space.overrides(plan.variant, size)
             by_name[space.name(overrides)] = overrides
@@ -107,9 +127,15 @@ def grid(job: TuningJob, info: Any, probes: list[ExperimentResult]) -> dict[str,
 
 
 def measure(
-    job: TuningJob, info: Any, runner: Any, configs: Mapping[str, Mapping[str, Any]], repeats: int
+    job: TuningJob,
+    info: Any,
+    runner: Any,
+    configs: Mapping[str, Mapping[str, Any]],
+    repeats: int,
+    deadline: float = math.inf,
 ) -> dict[str, list[ExperimentResult]]:
-    """Every configuration ``repeats`` times, round by round, each round shuffled."""
+    """Every configuration ``repeats`` times, round by round, each round shuffled; no
+    experiment starts after ``deadline`` (``time.monotonic()``), so a round may be partial."""
     from autotune.tuner import Candidate
 
     results: dict[str, list[ExperimentResult]] = {name: [] for name in configs}
@@ -121,6 +147,9 @@ def measure(
         for done, name in enumerate(order, start=1):
             if results[name] and not results[name][0].ok:
                 continue  # an oom is measured once: it is not noise
+            if time.monotonic() >= deadline:
+                print(f"time limit: stopped in round {round_index + 1}", flush=True)
+                return results
             ds_config = job.config.with_overrides(configs[name]).to_dict()
             ds_config.pop("autotuning", None)
             candidate = Candidate(name, configs[name], ds_config, Phase.knobs)
@@ -239,9 +268,18 @@ def ray_runner(job: TuningJob) -> Any:
 def _runner(kind: str, job: TuningJob) -> Any:
     if kind == "ray":
         return ray_runner(job)
-    from autotune.runner import LocalRunner
+    from autotune.runner import InProcessRunner, LocalRunner
 
-    return LocalRunner()
+    # In-process: one GPU, where a process per experiment would cost more than the experiment.
+    return contextlib.nullcontext(InProcessRunner() if kind == "inprocess" else LocalRunner())
+
+
+def _device_name() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
 
 
 def main() -> None:
@@ -259,7 +297,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--start-profile-step", type=int, default=2)
     parser.add_argument("--end-profile-step", type=int, default=4)
-    parser.add_argument("--runner", choices=["ray", "local"], default="ray")
+    parser.add_argument("--runner", choices=["ray", "local", "inprocess"], default="ray")
+    parser.add_argument(
+        "--no-knobs", action="store_true", help="stage x micro-batch only, no knob points"
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=lambda text: [int(v) for v in text.split(",")],
+        help="measure these sizes per stage instead of probing for the largest fit",
+    )
+    parser.add_argument("--bf16", action="store_true", help="train in bf16 (bf16.enabled)")
+    parser.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=math.inf,
+        help="start no experiment this many seconds after the grid's start; the table keeps "
+        "what was measured",
+    )
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--cpus-per-rank", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--note", default="", help="conditions worth recording")
@@ -286,6 +340,8 @@ def main() -> None:
         start_profile_step=args.start_profile_step,
         end_profile_step=args.end_profile_step,
     )
+    if args.bf16:
+        spec["bf16"] = {"enabled": True}
     workload_args = parse_workload_args(args.workload_arg)
     job = TuningJob(
         config=load_config(spec, world_size=args.world_size),
@@ -297,10 +353,15 @@ def main() -> None:
     info = model_info(resolve_workload(args.workload, workload_args), 1)
     started = time.monotonic()
     with _runner(args.runner, job) as runner:
-        _, probes = probe_largest_micro_batches(job, info, runner)
-        configs = grid(job, info, probes)
+        if args.micro_batches:
+            probes, configs = [], sized_grid(job, info, args.micro_batches)
+        else:
+            _, probes = probe_largest_micro_batches(job, info, runner)
+            configs = grid(job, info, probes, knobs=not args.no_knobs)
         print(f"{len(configs)} configurations x {args.repeats} repeats", flush=True)
-        measured = measure(job, info, runner, configs, args.repeats)
+        deadline = time.monotonic() + args.time_limit_s
+        measured = measure(job, info, runner, configs, args.repeats, deadline=deadline)
+    rounds = [len(runs) for runs in measured.values() if runs and runs[0].ok]
     table = {
         "format": LANDSCAPE_FORMAT,
         "how": {
@@ -310,12 +371,15 @@ def main() -> None:
             "cpus_per_rank": args.cpus_per_rank,
             "device_memory_bytes": job.memory_budget,
             "config": spec,
-            "repeats": args.repeats,
+            "knobs": not args.no_knobs,
+            "repeats": min(rounds, default=0),
+            "most_repeats": max(rounds, default=0),
             "profile_window": [args.start_profile_step, args.end_profile_step],
             "runner": args.runner,
             "measured_at": _now(),
             "wall_s": round(time.monotonic() - started, 1),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+            "device": _device_name(),
             "note": args.note,
         },
         "model_info": {
@@ -352,6 +416,9 @@ def main() -> None:
     values = [
         statistics.median(c["throughput"]) for c in table["configs"].values() if c["throughput"]
     ]
+    if not values:
+        print(f"wrote {args.out}: nothing ran ok")
+        return
     print(
         f"wrote {args.out}: {len(values)} ok configurations; best {max(values):.2f}, "
         f"median {statistics.median(values):.2f} samples/s "

@@ -47,14 +47,27 @@ def run_train_step(
         }
         buffers = {name: b.to("meta") for name, b in buffers.items()}
         inputs = [_to_meta(x) for x in inputs]
-    trainable = [p for p in params.values() if p.requires_grad]
-    grads: Sequence[torch.Tensor | None] = ()
+    step = _ForwardBackward(model, [p for p in params.values() if p.requires_grad])
+    tensors = {f"model.{name}": t for name, t in {**params, **buffers}.items()}
     with mode:
-        loss = functional_call(model, {**params, **buffers}, tuple(inputs))
-        if trainable:
-            grads = torch.autograd.grad(loss, trainable, allow_unused=True)
-        del loss
+        grads = functional_call(step, tensors, tuple(inputs))
     return [g for g in grads if g is not None]
+
+
+class _ForwardBackward(nn.Module):
+    """Forward and backward as one call, so that ``functional_call``'s tensors stay in place
+    through backward too: activation checkpointing re-runs parts of the forward there."""
+
+    def __init__(self, model: nn.Module, trainable: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.trainable = trainable  # a plain list: the tensors functional_call puts in place
+
+    def forward(self, *inputs: Any) -> Sequence[torch.Tensor | None]:
+        loss = self.model(*inputs)
+        if not self.trainable:
+            return ()
+        return torch.autograd.grad(loss, self.trainable, allow_unused=True)
 
 
 def _count(model: nn.Module, inputs: Sequence[Any], on_meta: bool) -> int:

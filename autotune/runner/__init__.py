@@ -6,7 +6,7 @@ ExperimentResult and never raise for a failed experiment.
 
 from typing import Any
 
-from autotune.runner.local import LocalRunner, run_local
+from autotune.runner.local import InProcessRunner, LocalRunner, run_local
 from autotune.runner.outcome import RankOutcome, combine_outcomes, experiment_verdict
 from autotune.runner.process import free_port
 from autotune.runner.rank import run_rank
@@ -22,6 +22,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "InProcessRunner",
     "LocalRunner",
     "RankOutcome",
     "RayRunner",

@@ -26,7 +26,7 @@ from autotune.runner.outcome import (
     infrastructure_failure,
     infrastructure_result,
 )
-from autotune.runner.process import PortReserver, entries_set, reserve_port, utc_now
+from autotune.runner.process import PortReserver, entries_set, free_port, reserve_port, utc_now
 
 # How a process killed by SIGKILL ends: -9 from multiprocessing, 128 + 9 through a shell.
 _SIGKILL_EXIT_CODES = (-signal.SIGKILL.value, 128 + signal.SIGKILL.value)
@@ -50,6 +50,26 @@ class LocalRunner:
         """
         check_local_gpus(spec.world_size, _visible_gpus())
         return run_local(spec, self._reserve_port)
+
+
+class InProcessRunner:
+    """Runs one-rank experiments in this process, one after another, warm.
+
+    For a benchmark on one GPU, where a fresh process per experiment (torch's import, CUDA's
+    start, the rendezvous) would cost more than the experiment: each experiment still gets a
+    fresh process group, workload and engine, and its memory is released after it, as in a
+    warm Ray actor. Unlike :class:`LocalRunner` it cannot stop a hung experiment or survive
+    one that kills its process: a tuner run uses the others.
+    """
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        from autotune.runner.rank import run_rank
+
+        if spec.world_size != 1:
+            raise ConfigError("world_size", f"runs in one process: 1, not {spec.world_size}")
+        started_at, started = utc_now(), time.perf_counter()
+        outcome = run_rank(spec, 0, f"tcp://127.0.0.1:{free_port()}")
+        return experiment_verdict(spec, {0: outcome}, started_at, time.perf_counter() - started)
 
 
 def check_local_gpus(world_size: int, num_gpus: int) -> None:

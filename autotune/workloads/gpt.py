@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from autotune.workloads.base import Workload
 
@@ -39,6 +40,9 @@ class GPTConfig:
     """Vocabulary size."""
     dropout: float = 0.0
     """Dropout probability; 0 keeps step times free of RNG work."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them (what
+    ``--gradient_checkpointing`` does in HF scripts): a block then holds only its input."""
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "d_model", "n_head", "seq_len", "vocab"):
@@ -49,6 +53,11 @@ class GPTConfig:
             raise ValueError(f"n_head ({self.n_head}) must divide d_model ({self.d_model})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(
+                "activation_checkpointing must be true or false, "
+                f"got {self.activation_checkpointing!r}"
+            )
 
 
 GPT_SIZES: dict[str, GPTConfig] = {
@@ -134,8 +143,15 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {seq} tokens is longer than seq_len={self.cfg.seq_len}")
         pos = torch.arange(seq, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
+        recompute = self.cfg.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x)
+            # Non-reentrant: backward re-runs the block's forward, module hooks included, so a
+            # stage-3 engine gathers the block's parameters again for the recompute.
+            x = (
+                checkpoint(block, x, use_reentrant=False, preserve_rng_state=self.cfg.dropout > 0)
+                if recompute
+                else block(x)
+            )
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -149,6 +165,7 @@ def build_gpt(
     seq_len: int | None = None,
     vocab: int | None = None,
     dropout: float | None = None,
+    activation_checkpointing: bool | None = None,
 ) -> Workload:
     """The ``gpt`` workload: a GPT decoder on uniformly random tokens.
 
@@ -161,6 +178,8 @@ def build_gpt(
         seq_len: Tokens per sample.
         vocab: Vocabulary size.
         dropout: Dropout probability.
+        activation_checkpointing: Recompute each block in backward (less memory, about a
+            third more compute).
 
     Returns:
         The workload; ``make_batch`` gives ``(idx, targets)``, both ``(B, seq_len)`` int64.
@@ -180,6 +199,7 @@ def build_gpt(
         "seq_len": seq_len,
         "vocab": vocab,
         "dropout": dropout,
+        "activation_checkpointing": activation_checkpointing,
     }
     cfg = replace(GPT_SIZES[size], **{k: v for k, v in overrides.items() if v is not None})
     model = GPT(cfg)

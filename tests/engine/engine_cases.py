@@ -317,3 +317,32 @@ def start_from_rank0(buffer_dtypes: list[str]) -> dict[str, Any]:
     engine.step()
     buffers = {name: buf.tolist() for name, buf in engine.module.named_buffers()}
     return {"dtypes": broadcast_dtypes, "buffers": buffers}
+
+
+def checkpointed_gpt_matches(stage: int, steps: int = 2) -> float:
+    """A small GPT trained by the engine with activation checkpointing ends with the weights
+    it has without: the recompute in backward (which re-runs the blocks' forward hooks, and at
+    stage 3 gathers their parameters again) changes nothing but memory. Returns the largest
+    difference."""
+    from autotune.workloads import build_gpt
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    config = base_config({"stage": stage, **SMALL_BUCKETS}, micro=2, lr=1e-3)
+    states = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        workload = build_gpt(
+            n_layer=2, d_model=32, n_head=2, seq_len=8, vocab=64,
+            activation_checkpointing=checkpointing,
+        )  # fmt: skip
+        engine, _, _, _ = initialize(model=workload.model, config=config)
+        for step in range(steps):
+            generator = torch.Generator().manual_seed(step * world + rank)
+            loss = engine(*workload.make_batch(2, generator))
+            engine.backward(loss)
+            engine.step()
+        states.append(engine.module_state_dict())
+    plain, checkpointed = states
+    for name, value in plain.items():
+        torch.testing.assert_close(checkpointed[name], value, atol=1e-6, rtol=1e-5, msg=name)
+    return max(float((checkpointed[k] - v).abs().max()) for k, v in plain.items())

@@ -248,3 +248,8 @@ def test_fp16_overflow_skips_and_scales_down(pool: RankPool) -> None:
 
 def test_consolidated_state_dict_round_trip(pool: RankPool, tmp_path: Path) -> None:
     assert pool.run(cases.save_and_load, str(tmp_path / "model.pt")) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_activation_checkpointing_changes_nothing_but_memory(pool: RankPool, stage: int) -> None:
+    pool.run(cases.checkpointed_gpt_matches, stage)

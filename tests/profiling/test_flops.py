@@ -87,3 +87,19 @@ def test_falls_back_to_device_when_meta_fails(caplog: pytest.LogCaptureFixture) 
     workload = Workload(DataDependent(), lambda b, g: (torch.randn(b, 8, generator=g),))
     assert flops_per_micro_batch(workload, 3) == 2 * 3 * 8 * 4 * 2
     assert "counting FLOPs on meta failed" in caplog.text
+
+
+def test_checkpointing_counts_the_recompute_on_meta(
+    gpt: Workload, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = flops_per_micro_batch(gpt, 4)
+    checkpointed = resolve_workload("gpt", {**SMALL, "activation_checkpointing": True})
+    recompute = flops_per_micro_batch(checkpointed, 4) - plain
+    assert "meta failed" not in caplog.text  # counted on meta, not by a real step
+    # Backward re-runs each block's forward, but stops once it has what backward needs: the
+    # MLP's output projection (d_model x 4 d_model) is the block's last op and not re-run.
+    tokens = 4 * SMALL["seq_len"]
+    head = 6 * SMALL["d_model"] * SMALL["vocab"] * tokens
+    blocks_forward = (plain - head) / 3
+    last_projection = SMALL["n_layer"] * 2 * 4 * SMALL["d_model"] ** 2 * tokens
+    assert recompute == pytest.approx(blocks_forward - last_projection, rel=0.02)

@@ -94,3 +94,13 @@ def test_shared_parameters_count_once() -> None:
 
     workload = Workload(Loss(), lambda b, g: (torch.randn(b, 4, generator=g),))
     assert model_info(workload).num_params == 20
+
+
+def test_checkpointing_keeps_only_the_blocks_inputs() -> None:
+    plain = model_info(resolve_workload("gpt", SMALL))
+    checkpointed = model_info(resolve_workload("gpt", {**SMALL, "activation_checkpointing": True}))
+    assert checkpointed.num_params == plain.num_params
+    assert checkpointed.activation_bytes_per_sample < plain.activation_bytes_per_sample / 2
+    # A block keeps its input (seq_len x d_model floats), the head its logits as before.
+    kept = SMALL["n_layer"] * SMALL["seq_len"] * SMALL["d_model"] * 4
+    assert checkpointed.activation_bytes_per_sample > kept + SMALL["seq_len"] * SMALL["vocab"] * 4

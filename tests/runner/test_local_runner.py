@@ -9,7 +9,7 @@ import pytest
 
 from autotune.config import ConfigError
 from autotune.experiment import Status
-from autotune.runner import LocalRunner, local, run_local
+from autotune.runner import InProcessRunner, LocalRunner, local, run_local
 from autotune.runner.local import check_local_gpus
 from autotune.workloads import resolve_workload
 from tests.runner.specs import FAULTY, spec
@@ -127,3 +127,22 @@ def test_more_local_ranks_than_gpus_is_refused_before_running(
         LocalRunner().run(spec("two_on_one_gpu"))
     check_local_gpus(2, 0)  # no GPU: CPU ranks, any number
     check_local_gpus(2, 2)
+
+
+def test_the_in_process_runner_measures_one_rank_here_and_an_oom_leaves_it_usable() -> None:
+    config = {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 3},
+    }
+    runner = InProcessRunner()
+    oom = runner.run(spec("oom", ds_config=config, world_size=1, device_memory_bytes=1 << 20))
+    assert oom.status is Status.oom, oom.error
+    result = runner.run(spec("warm", ds_config=config, world_size=1))
+    assert result.status is Status.ok, result.error_detail
+    assert result.metrics is not None and len(result.metrics.step_times_s) == 3
+    assert result.timings.total_s >= result.timings.window_s > 0
+    with pytest.raises(ConfigError, match="world_size"):
+        runner.run(spec("two", world_size=2))

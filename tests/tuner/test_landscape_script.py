@@ -108,3 +108,24 @@ def test_a_resolved_table_is_left_as_it_is(
 def test_the_examples_in_the_script_hold(landscape: ModuleType) -> None:
     failed, attempted = doctest.testmod(landscape)
     assert attempted > 0 and failed == 0
+
+
+def test_given_sizes_make_a_stage_by_size_grid_and_the_deadline_cuts_the_rounds(
+    landscape: ModuleType, tmp_path: Path
+) -> None:
+    from autotune.bench.table import landscape_job
+    from autotune.profiling.model_info import ModelInfo
+
+    path = tmp_path / "table.json"
+    write_table(path)
+    table = json.loads(path.read_text())
+    job, info = landscape_job(table), ModelInfo(**table["model_info"])
+    configs = landscape.sized_grid(job, info, [2, 4])
+    assert sorted(configs) == sorted(f"z{s}_mbs{m}" for s in (0, 1, 2) for m in (2, 4))
+    assert configs["z1_mbs2"]["train_micro_batch_size_per_gpu"] == 2
+    mine = {name: configs[name] for name in MEDIANS}
+    runner = MediansRunner()
+    measured = landscape.measure(job, info, runner, mine, repeats=2)
+    assert [len(runs) for runs in measured.values()] == [2, 2, 2]
+    late = landscape.measure(job, info, runner, mine, repeats=2, deadline=0.0)
+    assert runner.ran.count("z0_mbs4") == 2 and all(runs == [] for runs in late.values())
