@@ -193,6 +193,13 @@ _TimeBudgetOption = Annotated[
         "it, and the best is measured again within it.",
     ),
 ]
+_StorageOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Where the run's Optuna study goes: a database URL (sqlite:///runs/autotune.db, "
+        "postgresql://...) or a journal file; default: study.journal in the results dir.",
+    ),
+]
 _GpusPerRankOption = Annotated[
     float | None,
     typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
@@ -236,6 +243,7 @@ def run(
     timeout: Annotated[float | None, typer.Option(min=1, help="Seconds per experiment.")] = None,
     time_budget: _TimeBudgetOption = None,
     overwrite: Annotated[bool, typer.Option(help="Discard earlier results.")] = False,
+    storage: _StorageOption = None,
     ray_address: Annotated[
         str | None, typer.Option(envvar="RAY_ADDRESS", help="An existing Ray cluster.")
     ] = None,
@@ -330,6 +338,7 @@ _AUTOTUNING_FLAGS = {
     "--time-budget": "time_budget_s",
     "--seed": "seed",
     "--results-dir": "results_dir",
+    "--storage": "storage",
 }
 # How run's errors name its inputs: by the flags that gave them.
 _RUN_NAMES = {key: flag for flag, key in _AUTOTUNING_FLAGS.items()} | {

@@ -1,8 +1,8 @@
 """The tuning loop: the tuner proposes, a runner runs, the results directory remembers.
 
-This is the one place the three meet. Resuming is replaying: every experiment in the log is
-told to a fresh tuner before it is asked for anything, so a finished experiment is never
-run again and an interrupted one (no log line) is simply proposed again.
+This is the one place the three meet. Resuming is replaying: the tuner is made on the run's
+study and replays its trials before it is asked for anything, so a finished experiment is
+never run again and an interrupted one (its trial still running) is proposed again first.
 
 With a runner that runs several experiments at once (:class:`ConcurrentRunner`), the loop
 keeps every free slot busy: it asks the tuner as soon as a slot opens, and records each result
@@ -27,7 +27,7 @@ from autotune.job import (
     measured_model_info,
     workload_model_info,
 )
-from autotune.results import Proposal, ResultsDir
+from autotune.results import ResultsDir
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.summary_text import format_summary, summary_json, train_with
 from autotune.tuner import Candidate, Tuner, TuningSummary
@@ -132,8 +132,8 @@ def tune(
     with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:
             info = measured_model_info(results.results(), job.world_size)
-        tuner, history = make_tuner(job, info, results)
-        if history:
+        tuner = make_tuner(job, info, results)
+        if tuner.num_replayed:
             notify(TuningEvent(EventKind.resumed, None, None, tuner.summary()))
 
         def make_spec(candidate: Candidate) -> ExperimentSpec:
@@ -167,7 +167,7 @@ def tune(
             format_summary(summary, optimal_path, job, command),
         )
     return TuningReport(
-        summary, job.results_path, optimal_path, len(history), run_now, command, training
+        summary, job.results_path, optimal_path, tuner.num_replayed, run_now, command, training
     )
 
 
@@ -201,31 +201,30 @@ def _run_to_the_end(
 ) -> int:
     """Keep every free slot busy until the tuner is done; the number of experiments run.
 
-    A slot is filled the moment it frees; each result is recorded as soon as it arrives (the
-    log line is the commit point), then told to the tuner and to ``on_result``. ``ask``
-    returning None with experiments in flight means "wait for a result", so the loop waits
-    for one and asks again.
+    A slot is filled the moment it frees; each result's files are written as soon as it
+    arrives, then it is told to the tuner (its trial's tell is the commit point) and to
+    ``on_result``. ``ask`` returning None with experiments in flight means "wait for a
+    result", so the loop waits for one and asks again.
     """
     run_now = 0
-    in_flight: dict[str, tuple[ExperimentSpec, Candidate, Proposal]] = {}
+    in_flight: dict[str, tuple[ExperimentSpec, Candidate]] = {}
 
     def running() -> tuple[Candidate, ...]:
-        return tuple(candidate for _, candidate, _ in in_flight.values())
+        return tuple(candidate for _, candidate in in_flight.values())
 
     try:
         while True:
             while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
                 spec = make_spec(candidate)
-                proposal = _proposal(candidate)
-                results.start(spec, proposal)
+                results.start(spec)
                 slots.runner.submit(spec)
-                in_flight[spec.name] = (spec, candidate, proposal)
+                in_flight[spec.name] = (spec, candidate)
                 notify(TuningEvent(EventKind.started, candidate, None, tuner.summary(), running()))
             if not in_flight:  # the tuner asks for nothing and waits for nothing: done
                 return run_now
             for result in slots.runner.wait():
-                spec, candidate, proposal = in_flight.pop(result.name)
-                results.record(spec, result, proposal)
+                spec, candidate = in_flight.pop(result.name)
+                results.save(spec, result)
                 tuner.tell(result)
                 run_now += 1
                 on_result(result)
@@ -235,45 +234,6 @@ def _run_to_the_end(
     except BaseException:
         slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
         raise
-
-
-def _proposal(candidate: Candidate) -> Proposal:
-    """How the tuner proposed ``candidate``, for the results log."""
-    assert candidate.number is not None, "the tuner numbers what it proposes"
-    return Proposal(candidate.number, candidate.phase.value, candidate.repeat_of)
-
-
-def _number_of(record: Mapping[str, Any]) -> int | None:
-    """The number a log line's experiment was proposed as (None: no proposal on it)."""
-    proposal = Proposal.of(record)
-    return None if proposal is None else proposal.number
-
-
-def _replay(tuner: Tuner, results: ResultsDir) -> list[ExperimentResult]:
-    """Tell ``tuner`` what an earlier run did, in the order it proposed it: the finished
-    experiments (the log), and those it left running (started, never finished), which the
-    tuner owes a run and numbers as before. Returns the finished ones.
-
-    The log holds experiments in the order they finished, which differs from the order they
-    were proposed when several ran at once; early stopping counts in proposal order, so
-    replaying in it, with the unfinished ones in their places, makes the resumed run decide
-    as the interrupted one would have. A line the tuning loop did not write (no proposal)
-    goes first, in log order.
-    """
-    # (number, finished result or unfinished name); a line without a proposal sorts first
-    events: list[tuple[int | None, ExperimentResult | str]] = [
-        (_number_of(record), ExperimentResult.from_dict(record)) for record in results.records()
-    ]
-    events += [(proposal.number, name) for name, proposal in results.unfinished().items()]
-    events.sort(key=lambda event: -1 if event[0] is None else event[0])
-    history = []
-    for number, event in events:
-        if isinstance(event, str):
-            tuner.owe(event, number)
-        else:
-            tuner.tell(event, number)
-            history.append(event)
-    return history
 
 
 class _OneAtATime:
@@ -325,17 +285,20 @@ class _Slots:
         return max(1, min(fits, self._max_concurrent or fits))
 
 
-def make_tuner(
-    job: TuningJob, info: ModelInfo | None, results: ResultsDir
-) -> tuple[Tuner, list[ExperimentResult]]:
-    """A tuner for ``job`` that has been told what ``results`` holds (see :func:`_replay`),
-    and the finished experiments it was told, in the order they were proposed."""
-    tuner = Tuner(
+def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> Tuner:
+    """A tuner for ``job`` on the run's study in ``results``, which it replays first (see
+    :class:`~autotune.tuner.tuner.Tuner`)."""
+    tuning = job.config.autotuning
+    study = results.study(
+        tuning.metric,
+        tuning.storage,
+        {"target": job.label, "engine": tuning.engine.value},
+    )
+    return Tuner(
         job.config,
         info,
         device_memory_bytes=job.memory_budget,
-        storage=results.study_url,
+        study=study,
         started=job.started_s,
         hardware=job_hardware(),
     )
-    return tuner, _replay(tuner, results)

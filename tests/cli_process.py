@@ -31,13 +31,21 @@ def start_autotune(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_for_lines(log: Path, count: int, timeout_s: float = 120) -> None:
+def finished_names(results_dir: Path) -> list[str]:
+    """The experiments the run's study holds as finished, in the order they finished."""
+    from autotune.results import ResultsDir
+
+    return [record["name"] for record in ResultsDir(results_dir).records()]
+
+
+def wait_for_finished(results_dir: Path, count: int, timeout_s: float = 120) -> None:
+    """Until the run in ``results_dir`` has committed ``count`` experiments."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if log.exists() and len(log.read_text().splitlines()) >= count:
+        if len(finished_names(results_dir)) >= count:
             return
         time.sleep(0.2)
-    raise AssertionError(f"{log} never reached {count} lines")
+    raise AssertionError(f"{results_dir} never held {count} finished experiments")
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 30) -> bool:

@@ -165,11 +165,11 @@ def test_report_and_best_default_to_the_directory_run_defaults_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from autotune.results import ResultsDir
-    from tests.results.records import FINGERPRINT, make_result, make_spec
+    from tests.results.records import FINGERPRINT, commit, make_result, make_spec
 
     monkeypatch.chdir(tmp_path)
     with ResultsDir.open("autotuning_results", FINGERPRINT) as results:
-        results.record(make_spec("z1_mbs4"), make_result("z1_mbs4", throughput=12.0))
+        commit(results, make_spec("z1_mbs4"), make_result("z1_mbs4", throughput=12.0))
         optimal = results.write_optimal({"train_micro_batch_size_per_gpu": 4})
     reported = runner.invoke(app, ["report", "-f", "json"])
     assert reported.exit_code == 0, reported.output

@@ -14,12 +14,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.results import DirectoryLock, load_results
-from tests.cli_process import processes_with_env, start_autotune, wait_for_lines, wait_until
+from autotune.results import DirectoryLock, ResultsDir, load_results
+from tests.cli_process import (
+    finished_names,
+    processes_with_env,
+    start_autotune,
+    wait_for_finished,
+    wait_until,
+)
 
 pytestmark = pytest.mark.multirank
 runner = CliRunner()
@@ -88,6 +98,8 @@ def test_run_report_best_and_resume(tmp_path: Path) -> None:
     assert summary_text.startswith("autotune: gpt at world size 2")
     assert re.search(r"best: \S+  throughput [0-9.]+ samples/s", summary_text)
 
+    assert_the_study_is_the_record(results, len(frame))
+
     again = runner.invoke(app, run_args(config, results))
     assert again.exit_code == 0, again.output
     assert f"{len(frame)} from earlier runs)" in again.stdout
@@ -105,29 +117,68 @@ def test_run_report_best_and_resume(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_kill_9_mid_run_loses_nothing_and_resume_finishes(tmp_path: Path) -> None:
     config, results = write_config(tmp_path), tmp_path / "results"
-    log = results / "experiments.jsonl"
     driver = start_autotune(*run_args(config, results))
-    wait_for_lines(log, 1)
+    wait_for_finished(results, 1)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
-    finished_before = [json.loads(line)["name"] for line in log.read_text().splitlines()]
+    finished_before = finished_names(results)
 
     resumed = start_autotune(*run_args(config, results))
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    names = [json.loads(line)["name"] for line in log.read_text().splitlines()]
+    names = finished_names(results)
     assert len(names) == len(set(names)), "an experiment ran twice"
     assert names[: len(finished_before)] == finished_before
+    study = ResultsDir(results).run_study.load()
+    assert study is not None and len(study.trials) == len(names)  # one trial per experiment
+    assert all(t.state.is_finished() for t in study.trials)  # the cut-off one's too
     fresh = tmp_path / "fresh"
     complete = runner.invoke(app, run_args(config, fresh))
     assert complete.exit_code == 0
     assert set(names) == set(load_results(fresh)["name"])
 
 
+def test_storage_puts_the_study_in_a_database_plain_optuna_opens(tmp_path: Path) -> None:
+    config, results = write_config(tmp_path, tuner_num_trials=1), tmp_path / "results"
+    url = f"sqlite:///{tmp_path / 'autotune.db'}"
+    done = runner.invoke(app, run_args(config, results, "--storage", url))
+    assert done.exit_code == 0, done.output
+    assert not (results / "study.journal").exists()
+    (name,) = optuna.get_all_study_names(url)
+    (trial,) = optuna.load_study(study_name=name, storage=url).trials
+    assert trial.state is TrialState.COMPLETE and trial.params["zero_stage"] in (1, 2)
+    assert list(load_results(results)["name"]) == [trial.user_attrs["name"]]
+
+
+def assert_the_study_is_the_record(results: Path, num_experiments: int) -> None:
+    """Plain Optuna opens the run's journal: one study, a trial per experiment with its stage
+    and micro-batch, and each configuration the report ranks is bracketed by its trials'
+    values (losers stopped early are PRUNED with the value of their first steps)."""
+    storage = JournalStorage(JournalFileBackend(str(results / "study.journal")))
+    (name,) = optuna.get_all_study_names(storage)
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert len(study.trials) == num_experiments
+    assert all({"zero_stage", "micro_batch_size"} <= set(t.params) for t in study.trials)
+    report = runner.invoke(app, ["report", str(results), "--format", "json"])
+    for row in json.loads(report.stdout):
+        if row["status"] != "ok":
+            continue
+        values = [
+            t.value
+            for t in study.trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and t.params["zero_stage"] == row["zero_stage"]
+            and t.params["micro_batch_size"] == row["micro_batch_size"]
+            and t.value is not None
+        ]
+        low, high = min(values, default=0.0), max(values, default=0.0)
+        assert low * (1 - 1e-9) <= row["throughput"] <= high * (1 + 1e-9), (row, values)
+
+
 def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
     config, results = write_config(tmp_path), tmp_path / "results"
     driver = start_autotune(*run_args(config, results))
-    wait_for_lines(results / "experiments.jsonl", 1)
+    wait_for_finished(results, 1)
     driver.send_signal(signal.SIGINT)
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 130
@@ -270,7 +321,7 @@ def test_a_different_job_in_the_same_directory_is_refused(tmp_path: Path) -> Non
     config, results = write_config(tmp_path), tmp_path / "results"
     (results).mkdir()
     (results / "fingerprint.json").write_text(json.dumps({"tuned": {"workload": "mlp"}}))
-    (results / "experiments.jsonl").write_text("")
+    (results / "study.journal").write_text("")
     result = runner.invoke(app, run_args(config, results))
     assert result.exit_code == 2 and "different tuning job" in result.stderr
 

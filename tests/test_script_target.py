@@ -12,6 +12,7 @@ import pytest
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.job import TuningJob
+from autotune.results import ResultsDir
 from autotune.script_target import ScriptError, ScriptTarget
 from autotune.tuning import tune
 
@@ -262,6 +263,6 @@ def test_a_script_run_starts_side_by_side_and_resumes_without_losing_the_blind_o
     resumed = SideBySide()
     report = tune(job, resumed)
     assert resumed.script.names[0] == "z0_mbs64"  # owed: run again first, though now pruned
-    log = [json.loads(line)["name"] for line in (job.results_dir / "experiments.jsonl").open()]
+    log = [record["name"] for record in ResultsDir(job.results_dir).records()]
     assert len(log) == len(set(log)) == report.summary.num_run
     assert report.summary.best is not None and report.summary.best.name == "z0_mbs64"

@@ -3,19 +3,18 @@ each result recorded as it finishes, and an interruption cancels what is in flig
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from autotune.results import ResultsDir
 from autotune.tuning import tune
 from tests.fake_cluster import FakeCluster
 from tests.runner.sim_cluster import tuning_job
 
 
 def logged_names(results_dir: Path) -> list[str]:
-    lines = (results_dir / "experiments.jsonl").read_text().splitlines()
-    return [json.loads(line)["name"] for line in lines]
+    return [record["name"] for record in ResultsDir(results_dir).records()]
 
 
 @pytest.mark.parametrize(

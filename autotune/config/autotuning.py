@@ -79,6 +79,12 @@ class AutotuningConfig(Section):
         default=3, description="Top candidates re-measured before the best is declared."
     )
     seed: AnyInt = 0
+    storage: str | None = Field(
+        default=None,
+        description="Where the run's Optuna study (its record: one trial per experiment) is "
+        "kept: a database URL Optuna takes (sqlite:///runs/autotune.db, postgresql://...) or "
+        "a journal file's path. Default: study.journal in the results directory.",
+    )
 
     @field_validator("arg_mappings")
     @classmethod

@@ -12,12 +12,7 @@ from autotune.config.keys import get_key
 from autotune.experiment import ExperimentResult, Status, Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.profiling.interference import is_disturbed
-from autotune.results.store import (
-    LOG_NAME,
-    Proposal,
-    ResultsDir,
-    ResultsDirError,
-)
+from autotune.results.store import Proposal, ResultsDir, ResultsDirError
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, rank
 
@@ -80,9 +75,9 @@ def load_results(
     import pandas as pd
 
     directory = Path(path)
-    if not (directory / LOG_NAME).exists():
-        raise ResultsDirError(f"{directory} is not an autotune results directory (no {LOG_NAME})")
     results = ResultsDir(directory)
+    if not results.is_results_dir():
+        raise ResultsDirError(f"{directory} is not an autotune results directory (no run there)")
     if ranked_by is None:
         rows = [_row(record) for record in results.records()]
     elif runs:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from autotune.results.store import LOG_NAME, ResultsDirError
+from autotune.results.store import ResultsDir, ResultsDirError
 
 RESULTS_DIR_VARIABLE = "AUTOTUNE_RESULTS_DIR"
 # The run this repository holds, from the notebook's folder.
@@ -40,7 +40,7 @@ def notebook_results_dir(
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as repo:
         ...     (Path(repo) / "runs" / "mine").mkdir(parents=True)
-        ...     _ = (Path(repo) / "runs" / "mine" / LOG_NAME).write_text("")
+        ...     _ = (Path(repo) / "runs" / "mine" / "fingerprint.json").write_text("{}")
         ...     found = notebook_results_dir(
         ...         {RESULTS_DIR_VARIABLE: "runs/mine", "PWD": repo}, Path(repo) / "experiments")
         ...     found == Path(repo) / "runs" / "mine"
@@ -58,10 +58,10 @@ def notebook_results_dir(
     tried = [Path(started_in) / path] if started_in else []
     tried += [kernel_dir / path] if kernel_dir / path not in tried else []
     for candidate in tried:
-        if (candidate / LOG_NAME).is_file():
+        if ResultsDir(candidate).is_results_dir():
             return candidate
     raise ResultsDirError(
-        f"{RESULTS_DIR_VARIABLE}={value} is not a results directory (no {LOG_NAME}) in "
+        f"{RESULTS_DIR_VARIABLE}={value} is not a results directory (no run there) in "
         + " nor in ".join(str(candidate) for candidate in tried)
         + ": give an absolute path, or one relative to where Jupyter was started"
     )

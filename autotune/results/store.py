@@ -1,17 +1,18 @@
-"""The results directory: one folder per experiment, an append-only log, resume.
+"""The results directory: one folder per experiment, the run's Optuna study, resume.
 
 Layout::
 
     results_dir/
       fingerprint.json          what was tuned (workload, args, world size, base config, versions)
-      experiments.jsonl         one line per finished experiment, any status, append-only
-      exps/<name>/ds_config.json, spec.json, started.json, metrics.json, error.txt
+      study.journal             the run's record: an Optuna study, one trial per experiment
+      study.json                where the study is and its name (see autotune.results.study)
+      exps/<name>/ds_config.json, spec.json, metrics.json, error.txt
       ds_config_optimal.json    the best config, ready to train with
       summary.json, summary.txt
-      study.db                  the model-based tuner's Optuna study
 
-Every file is written atomically, and the log line is the commit point: an experiment whose
-line is in the log is finished and is never run again; one without is re-run on resume.
+Every file is written atomically, and the trial's tell is the commit point: an experiment whose
+trial finished is never run again; one whose trial is still running (the run was killed) is
+run again on resume. An experiment's files are written before its trial is told.
 """
 
 from __future__ import annotations
@@ -22,23 +23,27 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.experiment import CONFIG_NAME, ExperimentResult, ExperimentSpec, Status
 from autotune.metric import Metric
-from autotune.results.files import append_line, atomic_write_json, atomic_write_text, read_jsonl
+from autotune.results.files import atomic_write_json, atomic_write_text, read_jsonl
 from autotune.results.lock import DirectoryLock
+from autotune.results.study import JOURNAL_NAME, STUDY_INFO_NAME, RunStudy, StudyError
 from autotune.tuner.ranking import Ranked, rank
 
-LOG_NAME = "experiments.jsonl"
+if TYPE_CHECKING:
+    import optuna
+
+# The log of finished experiments that directories written before the study kept; read, and
+# moved into the study when such a directory is resumed.
+LEGACY_LOG_NAME = "experiments.jsonl"
 FINGERPRINT_NAME = "fingerprint.json"
 OPTIMAL_NAME = "ds_config_optimal.json"
 COMMAND_NAME = "cmd_optimal.txt"  # DeepSpeed's autotuner's name for it
 SUMMARY_NAME = "summary.json"
 SUMMARY_TEXT_NAME = "summary.txt"
-STUDY_NAME = "study.db"
 EXPS_DIR = "exps"
-STARTED_NAME = "started.json"
 
 
 class ResultsDirError(ValueError):
@@ -47,8 +52,8 @@ class ResultsDirError(ValueError):
 
 @dataclass(frozen=True)
 class Proposal:
-    """How the tuner proposed an experiment, as its log line and ``started.json`` keep it
-    (the keys ``proposed``, ``phase``, ``repeat_of``): read through :meth:`of`, never by key.
+    """How the tuner proposed an experiment, as its record keeps it (the keys ``proposed``,
+    ``phase``, ``repeat_of``): read through :meth:`of`, never by key.
 
     Attributes:
         number: its place in the order the tuner proposed experiments (a resumed run replays
@@ -66,8 +71,7 @@ class Proposal:
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> Proposal | None:
-        """The proposal a log line or ``started.json`` carries (None: a line the tuning loop
-        did not write, such as a runner's own)."""
+        """The proposal a record carries (None: a record without one)."""
         if "proposed" not in record:
             return None
         return cls(int(record["proposed"]), str(record["phase"]), record.get("repeat_of"))
@@ -86,14 +90,15 @@ class ResultsDir:
         >>> fingerprint = {"tuned": {"workload": "gpt", "world_size": 2}}
         >>> with tempfile.TemporaryDirectory() as path:
         ...     with ResultsDir.open(path, fingerprint) as results:
-        ...         results.record(spec, result)  # the log line commits it: never re-run
-        ...         sorted(results.finished_names()), results.optimal_path()
-        (['z1_mbs64'], None)
+        ...         folder = results.save(spec, result)  # its files; the study commits it
+        ...         sorted(p.name for p in folder.iterdir()), results.optimal_path()
+        (['ds_config.json', 'metrics.json', 'spec.json'], None)
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = DirectoryLock(self.path)
+        self.run_study = RunStudy(self.path)
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -177,16 +182,17 @@ class ResultsDir:
                     f"{self.path} holds results of a different tuning job (differs in: "
                     f"{'; '.join(differing)}); use another --results-dir or --overwrite"
                 )
-        elif (self.path / LOG_NAME).exists():
+        elif self.run_study.exists() or (self.path / LEGACY_LOG_NAME).exists():
             raise ResultsDirError(
-                f"{self.path} has an experiment log but no {FINGERPRINT_NAME}; "
+                f"{self.path} has experiments but no {FINGERPRINT_NAME}; "
                 "use another --results-dir or --overwrite"
             )
 
     def clear(self) -> None:
-        """Delete everything a previous run wrote (the lock stays)."""
+        """Delete everything a previous run wrote, its study too (the lock stays)."""
+        self.run_study.delete()
         for name in (
-            LOG_NAME,
+            LEGACY_LOG_NAME,
             FINGERPRINT_NAME,
             OPTIMAL_NAME,
             COMMAND_NAME,
@@ -194,8 +200,6 @@ class ResultsDir:
             SUMMARY_TEXT_NAME,
         ):
             (self.path / name).unlink(missing_ok=True)
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            (self.path / f"{STUDY_NAME}{suffix}").unlink(missing_ok=True)
         shutil.rmtree(self.path / EXPS_DIR, ignore_errors=True)
 
     def close(self) -> None:
@@ -212,60 +216,67 @@ class ResultsDir:
     def experiment_dir(self, name: str) -> Path:
         return self.path / EXPS_DIR / name
 
-    def start(self, spec: ExperimentSpec, proposal: Proposal | None = None) -> Path:
-        """Prepare an experiment's folder (its config) before it runs; returns the folder.
+    def study(
+        self, metric: Metric, storage: str | None = None, attrs: Mapping[str, Any] | None = None
+    ) -> optuna.Study:
+        """The run's study for ``metric`` (see :mod:`autotune.results.study`), for a run that
+        holds this directory; ``attrs`` are set on a new one (what was tuned). A directory
+        from before the study has its experiment log moved into it first.
 
-        ``proposal`` is kept as ``started.json`` for :meth:`unfinished`.
+        Raises:
+            ResultsDirError: ``storage`` is not where this directory's study is, or cannot
+                be opened.
         """
+        fresh = not self.run_study.exists()
+        try:
+            study = self.run_study.open(metric, storage, attrs or {})
+        except StudyError as err:
+            raise ResultsDirError(str(err)) from None
+        legacy = self.path / LEGACY_LOG_NAME
+        if fresh and legacy.exists():
+            _import_legacy_log(study, read_jsonl(legacy), metric)
+            legacy.rename(legacy.with_suffix(".jsonl.imported"))
+        return study
+
+    def start(self, spec: ExperimentSpec) -> Path:
+        """Prepare an experiment's folder (its config and spec) before it runs; returns it."""
         folder = self.experiment_dir(spec.name)
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(folder / CONFIG_NAME, dict(spec.config_read))
         atomic_write_json(folder / "spec.json", spec.to_dict())
-        if proposal is not None:
-            atomic_write_json(folder / STARTED_NAME, proposal.to_dict())
         return folder
 
-    def unfinished(self) -> dict[str, Proposal]:
-        """Experiments started with a proposal but never recorded: running when a run was
-        interrupted. By name, the proposal given to :meth:`start`."""
-        finished = self.finished_names()
-        found = {}
-        for path in sorted((self.path / EXPS_DIR).glob(f"*/{STARTED_NAME}")):
-            if path.parent.name not in finished:
-                proposal = Proposal.of(json.loads(path.read_text(encoding="utf-8")))
-                if proposal is not None:
-                    found[path.parent.name] = proposal
-        return found
-
-    def record(
-        self, spec: ExperimentSpec, result: ExperimentResult, proposal: Proposal | None = None
-    ) -> None:
-        """Store a finished experiment: its files first, then its log line (the commit point),
-        with how the tuner proposed it (see :class:`Proposal`)."""
+    def save(self, spec: ExperimentSpec, result: ExperimentResult) -> Path:
+        """Write a finished experiment's files (``metrics.json``, ``error.txt``); the study's
+        trial, told next by the tuner, commits it. Returns its folder."""
         folder = self.experiment_dir(spec.name)
         if not (folder / "spec.json").exists():  # a runner that skipped start()
             self.start(spec)
         atomic_write_json(folder / "metrics.json", result.to_dict())
         if result.error_detail:
             atomic_write_text(folder / "error.txt", result.error_detail + "\n")
-        line = {
-            **result.to_dict(),
-            "target": spec.target,
-            "engine": spec.engine.value,
-            "ds_config": dict(spec.ds_config),
-            **(proposal.to_dict() if proposal is not None else {}),
-        }
-        append_line(self.path / LOG_NAME, json.dumps(line, separators=(",", ":")))
+        return folder
 
     def records(self) -> list[dict[str, Any]]:
-        """Every finished experiment's log record, in the order they finished."""
-        return read_jsonl(self.path / LOG_NAME)
+        """Every finished experiment's record, in the order they finished: the study's
+        trials (:func:`autotune.tuner.trials.record_of`), or a directory's log from before
+        the study."""
+        if self.run_study.exists():
+            return self.run_study.records()
+        return read_jsonl(self.path / LEGACY_LOG_NAME)
 
     def results(self) -> list[ExperimentResult]:
         return [ExperimentResult.from_dict(r) for r in self.records()]
 
     def finished_names(self) -> set[str]:
         return {r["name"] for r in self.records()}
+
+    def is_results_dir(self) -> bool:
+        """Whether a run wrote here (its fingerprint, its study, or a log from before it)."""
+        return any(
+            (self.path / name).exists()
+            for name in (FINGERPRINT_NAME, STUDY_INFO_NAME, JOURNAL_NAME, LEGACY_LOG_NAME)
+        )
 
     def ranking(self, metric: Metric) -> list[Ranked]:
         """The run's one ranking by ``metric``: configurations with their repeats folded
@@ -330,10 +341,36 @@ class ResultsDir:
         atomic_write_json(self.path / SUMMARY_NAME, dict(summary))
         atomic_write_text(self.path / SUMMARY_TEXT_NAME, text.rstrip() + "\n")
 
-    @property
-    def study_url(self) -> str:
-        """Where the model-based tuner keeps its Optuna study (SQLite)."""
-        return f"sqlite:///{(self.path / STUDY_NAME).resolve()}"
+
+def _import_legacy_log(study: optuna.Study, records: list[dict[str, Any]], metric: Metric) -> None:
+    """A log from before the study as its trials, in the order the experiments were
+    proposed, so that a resumed run replays them as the run that wrote them proposed them."""
+    import optuna
+
+    from autotune.tuner.trials import DS_CONFIG_ATTR, PHASE_ATTR, REPEAT_OF_ATTR, state_of
+
+    def number(record: Mapping[str, Any]) -> int:
+        proposal = Proposal.of(record)
+        return -1 if proposal is None else proposal.number
+
+    for record in sorted(records, key=number):
+        result = ExperimentResult.from_dict(record)
+        state = state_of(result)
+        value = metric.of(result.metrics) if result.metrics is not None else None
+        steps = result.stopped_after_steps
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=state,
+                value=value if state.name == "COMPLETE" else None,
+                intermediate_values={steps: value} if steps and value is not None else None,
+                user_attrs={
+                    **result.to_dict(),
+                    PHASE_ATTR: record.get("phase"),
+                    REPEAT_OF_ATTR: record.get("repeat_of"),
+                    DS_CONFIG_ATTR: record.get("ds_config") or {},
+                },
+            )
+        )
 
 
 # What a fingerprint's keys mean to a person, where the key alone does not say it.

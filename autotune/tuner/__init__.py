@@ -9,7 +9,6 @@ from autotune.tuner.naming import candidate_name, repeat_name, split_repeat
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
 from autotune.tuner.samplers import (
     GridSampler,
-    OptunaSampler,
     Point,
     RandomSampler,
     Sampler,
@@ -24,7 +23,6 @@ __all__ = [
     "Candidate",
     "GridSampler",
     "MemoryEstimate",
-    "OptunaSampler",
     "Phase",
     "Point",
     "RandomSampler",

@@ -145,12 +145,12 @@ class Ledger:
         """Know ``name`` as ``entry``'s configuration (the first registration stays)."""
         self._entries.setdefault(name, entry)
 
-    def propose(self, candidate: Candidate) -> Candidate:
-        """``candidate`` is running; returned numbered (an owed one keeps its number)."""
+    def propose(self, candidate: Candidate, number: int | None = None) -> Candidate:
+        """``candidate`` is running; returned numbered: an owed one keeps its number, a new
+        one takes ``number`` (its trial's; None: the next)."""
         trial = self._trials.get(candidate.name)
-        number = trial.number if trial is not None else None
-        if number is None:
-            number = self._number(candidate.name)
+        known = trial.number if trial is not None else None
+        number = known if known is not None else self._number(candidate.name, number)
         candidate = replace(candidate, number=number)
         self._trials[candidate.name] = Trial(
             candidate.name, TrialState.running, number, candidate=candidate

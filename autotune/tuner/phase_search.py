@@ -22,7 +22,6 @@ class PhaseSearch:
         subspaces: what it searches, per variant.
         names: each point's configuration name.
         tuning: the ``autotuning`` section (tuner type, seed, metric).
-        storage: the Optuna storage URL, or None (see :class:`~autotune.tuner.tuner.Tuner`).
         ledger: what the tuner has seen.
     """
 
@@ -32,7 +31,6 @@ class PhaseSearch:
         subspaces: Sequence[Subspace],
         names: Mapping[Point, str],
         tuning: AutotuningConfig,
-        storage: str | None,
         ledger: Ledger,
     ) -> None:
         self._metric = tuning.metric
@@ -40,10 +38,6 @@ class PhaseSearch:
             tuning.tuner_type,
             subspaces,
             seed=tuning.seed + PHASES.index(phase),
-            storage=storage,
-            # The metric is in the name: a resumed run with another metric starts a new study
-            # instead of mixing the old objective's scores into the new one's model.
-            study_name=f"autotune-{tuning.metric.value}-{phase.value}",
         )
         self._names = dict(names)
         self.points = {name: point for point, name in names.items()}  # name → point

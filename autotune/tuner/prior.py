@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 from autotune.config import AutotuningConfig, Metric, TunerType
 from autotune.tuner.ledger import Ledger
 from autotune.tuner.ranking import rank
-from autotune.tuner.samplers import DEFER_BEHIND
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
@@ -40,6 +39,11 @@ STAGE_COMMUNICATION = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}
 OFFLOAD_COMMUNICATION = 4.0
 # An Adam-like update: a dozen or so FLOPs per parameter.
 OPTIMIZER_FLOPS_PER_PARAM = 16.0
+
+# How far behind the best a variant's result may be and still count as a contender: above
+# this machine's run-to-run noise between medians, below the gaps the memory budget makes
+# between stages.
+DEFER_BEHIND = 0.2
 
 
 def predicted_throughput(plan: VariantPlan, model_info: ModelInfo | None) -> float:
@@ -96,7 +100,7 @@ def largest_micro_batch_stands(largest: float, best: float, metric: Metric) -> b
     """Whether a variant's largest fit, measuring ``largest``, stays its micro-batch though a
     smaller one measured ``best`` (metric values, in the metric's own direction): the prior
     that a larger micro-batch amortizes the step's fixed costs holds unless the smaller one
-    won by more than :data:`~autotune.tuner.samplers.DEFER_BEHIND`, this machine's noise."""
+    won by more than :data:`DEFER_BEHIND`, this machine's noise."""
     if metric.lower_is_better:
         return largest * (1 - DEFER_BEHIND) <= best
     return largest >= (1 - DEFER_BEHIND) * best

@@ -47,6 +47,8 @@ from autotune.tuner.memory import DEFAULT_MARGIN_FRACTION, MemoryEstimate, estim
 from autotune.tuner.naming import candidate_name
 
 if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
     from autotune.profiling.model_info import ModelInfo
 
 
@@ -169,6 +171,8 @@ class TuningSpace:
     fixed: Mapping[str, Any]
     base: Mapping[str, Any]
     pruned: Mapping[str, str] = field(default_factory=dict)
+    stages: tuple[int, ...] = ALL_STAGES
+    largest_micro_batch: int = 1
 
     def overrides(
         self, variant: Variant, micro_batch_size: int, knobs: Mapping[str, Any] | None = None
@@ -179,6 +183,47 @@ class TuningSpace:
     def name(self, overrides: Mapping[str, Any]) -> str:
         return candidate_name(overrides, self.base)
 
+    def trial_params(
+        self, variant: Variant, micro_batch_size: int, knobs: tuple[tuple[str, Any], ...]
+    ) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
+        """A configuration as an Optuna trial's parameters, with their distributions: the
+        stage among those searched, the micro-batch (log-scaled), the optimizer's offload
+        where it is offloaded, and each tuned knob under its dotted key.
+
+        Example:
+            >>> space = TuningSpace((), {}, {}, stages=(1, 2), largest_micro_batch=64)
+            >>> knobs = (("zero_optimization.overlap_comm", True),)
+            >>> params, dists = space.trial_params(Variant(2), 8, knobs)
+            >>> params
+            {'zero_stage': 2, 'micro_batch_size': 8, 'zero_optimization.overlap_comm': True}
+            >>> type(dists["micro_batch_size"]).__name__
+            'IntDistribution'
+        """
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        from autotune.tuner.trials import MICRO_BATCH_PARAM, OFFLOAD_PARAM, STAGE_PARAM
+
+        stages = self.stages if variant.stage in self.stages else (*self.stages, variant.stage)
+        largest = max(self.largest_micro_batch, micro_batch_size)
+        params: dict[str, Any] = {STAGE_PARAM: variant.stage, MICRO_BATCH_PARAM: micro_batch_size}
+        dists: dict[str, BaseDistribution] = {
+            STAGE_PARAM: CategoricalDistribution(stages),
+            MICRO_BATCH_PARAM: IntDistribution(1, largest, log=True),
+        }
+        if variant.offload_optimizer:
+            params[OFFLOAD_PARAM] = True
+            dists[OFFLOAD_PARAM] = CategoricalDistribution((False, True))
+        choices = {
+            key: values
+            for plan in self.plans
+            if plan.variant == variant
+            for key, values in plan.knobs
+        }
+        for key, value in knobs:
+            params[key] = value
+            dists[key] = knob_distribution((*choices.get(key, ()), value))
+        return params, dists
+
     @property
     def num_configurations(self) -> int:
         """Configurations a search can run: every size of each variant's ladder, then its
@@ -187,6 +232,33 @@ class TuningSpace:
             len(plan.ladder) + (math.prod(len(v) for _, v in plan.knobs) if plan.knobs else 0)
             for plan in self.plans
         )
+
+
+def knob_distribution(values: tuple[Any, ...]) -> BaseDistribution:
+    """How an Optuna trial records a knob searched over ``values``: sizes as a range (on a
+    log scale where all are positive), so that a grid that follows the model's size stays
+    one distribution; switches and names as categories.
+
+    Example:
+        >>> knob_distribution((50_000_000, 500_000_000))
+        IntDistribution(high=500000000, log=True, low=50000000, step=1)
+        >>> knob_distribution((True, False)).choices
+        (False, True)
+    """
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if values and all(isinstance(v, bool) for v in values):
+        return CategoricalDistribution((False, True))
+    if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        low, high = min(values), max(values)
+        if all(isinstance(v, int) for v in values):
+            return IntDistribution(int(low), int(high), log=low >= 1)
+        return FloatDistribution(float(low), float(high), log=low > 0)
+    return CategoricalDistribution(tuple(dict.fromkeys(values)))
 
 
 def build_space(
@@ -264,7 +336,7 @@ def build_space(
                 variant, tuple(valid), start, count, knobs, estimate, halving=not user_chose_sizes
             )
         )
-    return TuningSpace(tuple(plans), fixed, base, pruned)
+    return TuningSpace(tuple(plans), fixed, base, pruned, _stages(config), sizes[-1])
 
 
 def _states_fit(estimate: MemoryEstimate, micro_batch_size: int) -> bool:

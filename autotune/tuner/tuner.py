@@ -42,7 +42,7 @@ with several at once proposes exactly what a one-at-a-time run would (given the 
 
 Every decision is derived from the results told so far, so a resumed run re-seeds the tuner by
 telling it the results log before asking (names identify configurations), in the order the
-experiments were proposed, with those left unfinished owed in their places (:meth:`Tuner.owe`).
+experiments were proposed, with those left unfinished owed in their places (:meth:`Tuner._owe`).
 
 A script's model is unknown until an experiment measures it: :meth:`Tuner.learn_model` then
 brings in the memory estimate and the cost model for what is not yet decided, keeping
@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable, Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import Config, ConfigError, Metric, TunerType
+from autotune.config import AutotuningConfig, Config, ConfigError, Metric, TunerType
 from autotune.config.knobs import MICRO_BATCH_KEY
 from autotune.experiment import ExperimentResult
 from autotune.tuner.bounds import SAME_FAILURE_LIMIT, Bounds
@@ -67,6 +67,7 @@ from autotune.tuner.catalog import Catalog
 from autotune.tuner.cost_model import CostModel, ModelShape
 from autotune.tuner.hardware import CPU_RANK, Hardware
 from autotune.tuner.ledger import Ledger
+from autotune.tuner.ledger import TrialState as LedgerState
 from autotune.tuner.model_search import ModelSearch
 from autotune.tuner.naming import split_repeat
 from autotune.tuner.phase_search import PhaseSearch
@@ -79,8 +80,11 @@ from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import build_space
 from autotune.tuner.stopping import experiments_since_best
 from autotune.tuner.summary import TuningSummary, summarize
+from autotune.tuner.trials import PHASE_ATTR, REPEAT_OF_ATTR, TrialHistory, TrialLog, new_study
 
 if TYPE_CHECKING:
+    import optuna
+
     from autotune.profiling.model_info import ModelInfo
 
 # How much slower than the tolerance allows a search experiment's first timed steps must be
@@ -97,8 +101,10 @@ class Tuner:
         model_info: the workload's sizes, for the memory estimate (optional).
         device_memory_bytes: per-rank device budget (default: ``config.device_memory_bytes``);
             without it and ``model_info``, stages are pruned only by running out of memory.
-        storage: an Optuna storage URL (``sqlite:///<results_dir>/study.db``) so that a
-            ``model_based`` study outlives the process; None keeps it in memory.
+        study: the Optuna study that records the run (:mod:`autotune.tuner.trials`): every
+            experiment the tuner proposes is a trial of it, and whatever it already holds (a
+            resumed run) is replayed first, in the order it was proposed, those left running
+            owed a run. None: a study in memory, for this tuner alone.
         clock: seconds, monotonic; injectable for tests.
         started: the ``clock`` reading ``time_budget_s`` counts from (the command's start);
             None: now.
@@ -132,7 +138,7 @@ class Tuner:
         model_info: ModelInfo | None = None,
         *,
         device_memory_bytes: int | None = None,
-        storage: str | None = None,
+        study: optuna.Study | None = None,
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
         hardware: Hardware | None = None,
@@ -140,7 +146,6 @@ class Tuner:
     ) -> None:
         self._config = config
         self._tuning = config.autotuning
-        self._storage = storage
         if device_memory_bytes is None:
             device_memory_bytes = config.device_memory_bytes
         self._device_memory_bytes = device_memory_bytes
@@ -173,6 +178,8 @@ class Tuner:
                 ranks_per_node or config.world_size,
                 _model_shape(model_info),
             )
+        self._trials = TrialLog(study or _study_in_memory(self._tuning), self._tuning.metric)
+        self._replay(self._trials.study)
 
     # --- the interface ------------------------------------------------------------------------
 
@@ -212,7 +219,7 @@ class Tuner:
                 continue
             if candidate is not None:
                 self._budget.asked()
-                return self._ledger.propose(candidate)
+                return self._start(candidate)
         return None
 
     def learn_model(self, model_info: ModelInfo) -> None:
@@ -235,7 +242,7 @@ class Tuner:
         if self._model_search is not None:
             self._model_search.use_space(space, _model_shape(model_info))
 
-    def owe(self, name: str, number: int | None = None) -> None:
+    def _owe(self, name: str, number: int | None = None) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
         among the replayed results (call in the order they were proposed; ``number``: the
         number it was proposed as, kept when it runs again).
@@ -246,13 +253,39 @@ class Tuner:
         """
         self._ledger.owe(name, number)
 
-    def tell(self, result: ExperimentResult, number: int | None = None) -> None:
-        """Record a finished experiment of any status.
+    def tell(self, result: ExperimentResult) -> None:
+        """Record a finished experiment of any status: its trial is told (the commit point).
 
-        A result the tuner did not ask for is history being replayed: it is recorded the same
-        way (``number``: the number it was proposed as, None: the next), and its duration
-        counts toward the time budget. Telling a name twice keeps the first result.
+        A result the tuner did not ask for is history: it is added to the study as a
+        finished trial, numbered next, and its duration counts toward the time budget.
+        Telling a name twice keeps the first result.
         """
+        if result.name in self._ledger.results:
+            return
+        candidate = self._ledger.pending.get(result.name)
+        if candidate is not None:
+            self._trials.finish(result, candidate.ds_config)
+            self._learn(result, None)
+            return
+        params, dists = self._trial_params(result.name)
+        number = self._trials.add(result, params, dists, {PHASE_ATTR: self._phase.value})
+        self._learn(result, number)
+
+    def _replay(self, study: optuna.Study) -> None:
+        """Tell what ``study`` holds of an earlier run, in the order it was proposed: the
+        finished experiments, and those left running, owed a run with their numbers."""
+        history = TrialHistory.of(study.get_trials(deepcopy=False))
+        self.num_replayed = len(history.finished)
+        events: list[tuple[int, ExperimentResult | str]] = [*history.finished, *history.running]
+        for number, event in sorted(events, key=lambda pair: pair[0]):
+            if isinstance(event, str):
+                self._owe(event, number)
+            else:
+                self._learn(event, number)
+
+    def _learn(self, result: ExperimentResult, number: int | None) -> None:
+        """Take in a result, of an experiment asked for or one of the run's history
+        (``number``: the number it was proposed as)."""
         if result.name in self._ledger.results:
             return
         if result.name not in self._ledger.pending:
@@ -267,6 +300,40 @@ class Tuner:
         self._bounds.note(result.name)
         if self._search is not None:
             self._search.tell(result)
+
+    def _start(self, candidate: Candidate) -> Candidate:
+        """Hand ``candidate`` out: its trial asked (an owed one's taken up again), numbered
+        as the trial is."""
+        trial = self._ledger.trial(candidate.name)
+        owed = trial.number if trial is not None and trial.state is LedgerState.proposed else None
+        params, dists = self._trial_params(candidate.name)
+        attrs = {PHASE_ATTR: candidate.phase.value, REPEAT_OF_ATTR: candidate.repeat_of}
+        number = self._trials.start(candidate.name, params, dists, attrs, number=owed)
+        return self._ledger.propose(candidate, number)
+
+    def _trial_params(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The trial parameters of the configuration experiment ``name`` measures (none for
+        a name outside the space)."""
+        base = split_repeat(name)[0]
+        entry = self._ledger.entries.get(base)
+        key = None
+        if entry is not None:
+            key = (entry.variant, entry.micro_batch_size, entry.knobs)
+        elif self._model_search is not None and (known := self._model_search.key_of(base)):
+            key = known
+        elif base in self._catalog.size_names:
+            key = (*self._catalog.size_names[base], ())
+        if key is None:
+            return {}, {}
+        return self._catalog.space.trial_params(*key)
+
+    num_replayed = 0
+    """Finished experiments the study held when the tuner was made (a resumed run's)."""
+
+    @property
+    def study(self) -> optuna.Study:
+        """The study that records the run: one trial per experiment."""
+        return self._trials.study
 
     def summary(self) -> TuningSummary:
         """What the run found so far (complete once ``finished``)."""
@@ -426,11 +493,7 @@ class Tuner:
                 continue
             # Largest first: the grid tries large micro-batches (usually fastest) first.
             sizes = plan.compared_sizes(largest)
-            subspace = Subspace(
-                plan.variant.label,
-                ((MICRO_BATCH_KEY, sizes),),
-                self._ledger.best_score(plan.variant, self._tuning.metric),
-            )
+            subspace = Subspace(plan.variant.label, ((MICRO_BATCH_KEY, sizes),))
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._catalog.register(
@@ -444,12 +507,7 @@ class Tuner:
             size = best_micro_batch(plan, self._ledger, self._tuning)
             if size is None or not plan.knobs:
                 continue
-            subspace = Subspace(
-                plan.variant.label,
-                plan.knobs,
-                self._ledger.best_score(plan.variant, self._tuning.metric),
-                self._catalog.recommended(plan),
-            )
+            subspace = Subspace(plan.variant.label, plan.knobs)
             subspaces.append(subspace)
             for point in subspace.points():
                 names[point] = self._catalog.register(plan.variant, size, point.values)
@@ -459,9 +517,7 @@ class Tuner:
         if not subspaces:
             return
         self._stop = None  # each search phase ends for its own reason
-        self._search = PhaseSearch(
-            self._phase, subspaces, names, self._tuning, self._storage, self._ledger
-        )
+        self._search = PhaseSearch(self._phase, subspaces, names, self._tuning, self._ledger)
 
     def _next_repeat(self) -> str | None:
         """The re-measurement worth running next (:class:`Remeasurement`), if the trial cap
@@ -638,6 +694,11 @@ class Tuner:
             failures_count=self._phase is not Phase.model,
         )
         return since >= self._tuning.tuner_early_stopping
+
+
+def _study_in_memory(tuning: AutotuningConfig) -> optuna.Study:
+    """A study of the run in this process only (no storage)."""
+    return new_study(tuning.metric, tuning.seed)
 
 
 def _model_shape(model_info: ModelInfo | None) -> ModelShape | None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from autotune.experiment import ExperimentSpec, Status
+from autotune.results import ResultsDir
 from autotune.runner import free_port, run_local, run_rank
 from tests.gpu.cuda_cases import GPU_GPT, NEEDS_CUDA, fresh_allocator, record
 from tests.specs import job_spec
@@ -111,6 +112,5 @@ def test_a_short_tuning_run_with_the_local_runner_ends_with_an_optimal_config(
     assert optimal.is_file(), done.stdout[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     record("tuning_run", {"stdout": done.stdout[-4000:], "summary": summary})
-    lines = (tmp_path / "run" / "experiments.jsonl").read_text().splitlines()
-    statuses = [json.loads(line)["status"] for line in lines]
+    statuses = [record["status"] for record in ResultsDir(tmp_path / "run").records()]
     assert "ok" in statuses and "error" not in statuses, statuses

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
+from autotune.metric import Metric
+from autotune.results import ResultsDir
+from autotune.tuner.trials import PHASE_ATTR, REPEAT_OF_ATTR, TrialLog
 from tests.specs import job_spec
 
 FINGERPRINT = {"tuned": {"workload": "gpt", "world_size": 2}, "versions": {"autotune": "0"}}
@@ -36,3 +39,19 @@ def make_result(
         timings=Timings(startup_s=1.0, warmup_s=2.0, window_s=3.0, total_s=6.5),
         node_ids=("node-a", "node-a"),
     )
+
+
+def commit(
+    results: ResultsDir,
+    spec: ExperimentSpec,
+    result: ExperimentResult,
+    metric: Metric = Metric.throughput,
+    repeat_of: str | None = None,
+) -> None:
+    """Record a finished experiment as a run does: its files, then its trial in the run's
+    study (the commit point), as a tuner tells it."""
+    results.save(spec, result)
+    study = results.study(metric, attrs={"target": spec.target, "engine": spec.engine.value})
+    log = TrialLog(study, metric)
+    log.start(result.name, {}, {}, {PHASE_ATTR: "model", REPEAT_OF_ATTR: repeat_of})
+    log.finish(result, spec.ds_config)

@@ -10,7 +10,6 @@ import pytest
 
 from autotune.experiment import Status
 from autotune.results import (
-    Proposal,
     ResultsDir,
     ResultsDirError,
     best_so_far,
@@ -19,7 +18,7 @@ from autotune.results import (
     pareto_front,
     throughput_vs_memory,
 )
-from tests.results.records import make_result, make_spec
+from tests.results.records import commit, make_result, make_spec
 
 REQUIRED = [
     "name",
@@ -42,10 +41,10 @@ REQUIRED = [
 
 @pytest.fixture
 def filled(results: ResultsDir) -> ResultsDir:
-    results.record(make_spec("z1_m2", 1, 2), make_result("z1_m2", throughput=10))
-    results.record(make_spec("z1_m4", 1, 4), make_result("z1_m4", throughput=14))
-    results.record(make_spec("z2_m4", 2, 4), make_result("z2_m4", throughput=12))
-    results.record(make_spec("z2_m8", 2, 8), make_result("z2_m8", Status.oom))
+    commit(results, make_spec("z1_m2", 1, 2), make_result("z1_m2", throughput=10))
+    commit(results, make_spec("z1_m4", 1, 4), make_result("z1_m4", throughput=14))
+    commit(results, make_spec("z2_m4", 2, 4), make_result("z2_m4", throughput=12))
+    commit(results, make_spec("z2_m8", 2, 8), make_result("z2_m8", Status.oom))
     return results
 
 
@@ -83,27 +82,29 @@ def test_plots_draw(filled: ResultsDir) -> None:
 
 
 def test_plots_fold_repeats_into_the_median(results: ResultsDir) -> None:
-    results.record(make_spec("a", 1, 4), make_result("a", throughput=30))
+    commit(results, make_spec("a", 1, 4), make_result("a", throughput=30))
     for index, throughput in enumerate((10, 12), start=1):
         name = f"a_r{index}"
-        results.record(
+        commit(
+            results,
             make_spec(name, 1, 4),
             make_result(name, throughput=throughput),
-            Proposal(index, "remeasure", repeat_of="a"),
+            repeat_of="a",
         )
-    results.record(make_spec("b", 2, 4), make_result("b", throughput=14))
+    commit(results, make_spec("b", 2, 4), make_result("b", throughput=14))
     front = pareto_front(load_results(results.path))
     assert list(front["name"]) == ["b"]  # a's median (12) no longer beats b
 
 
 def test_best_so_far_follows_the_declared_best_not_a_lucky_single(results: ResultsDir) -> None:
-    results.record(make_spec("a", 1, 4), make_result("a", throughput=30))  # lucky
+    commit(results, make_spec("a", 1, 4), make_result("a", throughput=30))  # lucky
     for index, throughput in enumerate((10, 12), start=1):
         name = f"a_r{index}"
-        results.record(
+        commit(
+            results,
             make_spec(name, 1, 4),
             make_result(name, throughput=throughput),
-            Proposal(index, "remeasure", repeat_of="a"),
+            repeat_of="a",
         )
     ax = best_so_far(load_results(results.path))
     (declared,) = [line for line in ax.get_lines() if line.get_label() == "declared best so far"]
@@ -113,7 +114,7 @@ def test_best_so_far_follows_the_declared_best_not_a_lucky_single(results: Resul
 
 def test_an_all_failed_directory_draws_its_failures(results: ResultsDir) -> None:
     for name, status in (("a", Status.oom), ("b", Status.error), ("c", Status.timeout)):
-        results.record(make_spec(name, 1, 4), make_result(name, status))
+        commit(results, make_spec(name, 1, 4), make_result(name, status))
     frame = load_results(results.path)
     for ax in (best_so_far(frame), metric_vs_micro_batch(frame)):
         assert ax.get_title() == "no experiment ran ok"

@@ -16,14 +16,14 @@ from autotune.experiment import Status
 from autotune.metric import PEAK_MEMORY_LABEL, Metric
 from autotune.results import ResultsDir, best_so_far, load_results, metric_vs_micro_batch
 from autotune.results.plots import MEMORY_AXIS_LABEL, throughput_vs_memory
-from tests.results.records import make_result, make_spec
+from tests.results.records import commit, make_result, make_spec
 
 
 @pytest.fixture
 def filled(results: ResultsDir) -> ResultsDir:
-    results.record(make_spec("z1_m2", 1, 2), make_result("z1_m2", Status.oom))
+    commit(results, make_spec("z1_m2", 1, 2), make_result("z1_m2", Status.oom))
     for name, stage, micro, throughput in (("z1_m4", 1, 4, 10), ("z2_m4", 2, 4, 14)):
-        results.record(make_spec(name, stage, micro), make_result(name, throughput=throughput))
+        commit(results, make_spec(name, stage, micro), make_result(name, throughput=throughput))
     return results
 
 

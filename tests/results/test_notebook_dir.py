@@ -9,12 +9,12 @@ import pytest
 
 from autotune.results import ResultsDirError
 from autotune.results.notebook import EXAMPLE_RUN, RESULTS_DIR_VARIABLE, notebook_results_dir
-from autotune.results.store import LOG_NAME
+from autotune.results.store import FINGERPRINT_NAME
 
 
 def results_dir(path: Path) -> Path:
     path.mkdir(parents=True)
-    (path / LOG_NAME).write_text("")
+    (path / FINGERPRINT_NAME).write_text("{}")
     return path
 
 

@@ -1,14 +1,19 @@
-"""The results directory: atomic files, the log, resume, fingerprint, lock."""
+"""The results directory: atomic files, the study, resume, fingerprint, lock."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
 
 from autotune.experiment import Status
 from autotune.metric import Metric
@@ -19,34 +24,87 @@ from autotune.results import (
     atomic_write_json,
     read_jsonl,
 )
-from tests.results.records import FINGERPRINT, make_result, make_spec
+from tests.results.records import FINGERPRINT, commit, make_result, make_spec
 
 
-def test_record_writes_the_experiment_folder_and_one_log_line(results: ResultsDir) -> None:
-    results.record(make_spec("a"), make_result("a"))
-    results.record(make_spec("b"), make_result("b", Status.oom))
+def test_an_experiment_is_its_folder_and_one_trial_of_the_study(results: ResultsDir) -> None:
+    commit(results, make_spec("a"), make_result("a"))
+    commit(results, make_spec("b"), make_result("b", Status.oom))
     folder = results.experiment_dir("a")
     assert json.loads((folder / "ds_config.json").read_text())["zero_optimization"]["stage"] == 1
     assert json.loads((folder / "metrics.json").read_text())["status"] == "ok"
     assert [r["name"] for r in results.records()] == ["a", "b"]
     assert results.finished_names() == {"a", "b"}
     assert results.results()[1].status is Status.oom
+    assert results.results()[0] == make_result("a")  # every field comes back
+    info = json.loads((results.path / "study.json").read_text())
+    study = optuna.load_study(
+        study_name=info["studies"]["throughput"],
+        storage=JournalStorage(JournalFileBackend(str(results.path / "study.journal"))),
+    )
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert study.trials[0].value == pytest.approx(10.0) and study.trials[1].value is None
 
 
-def test_a_torn_last_line_is_ignored(results: ResultsDir) -> None:
-    results.record(make_spec("a"), make_result("a"))
-    log = results.path / "experiments.jsonl"
-    with log.open("a") as handle:
-        handle.write('{"name": "b", "sta')  # the write of b was cut short
-    assert results.finished_names() == {"a"}
+def test_a_journal_line_torn_by_a_kill_is_cut_when_the_run_resumes(tmp_path: Path) -> None:
+    with ResultsDir.open(tmp_path, FINGERPRINT) as first:
+        commit(first, make_spec("a"), make_result("a"))
+    with (tmp_path / "study.journal").open("a") as handle:
+        handle.write('{"op_code": 5, "worker_id": "x", "trial_id": 1, "user_a')  # cut short
+    assert ResultsDir(tmp_path).finished_names() == {"a"}  # readable while torn
+    with ResultsDir.open(tmp_path, FINGERPRINT) as resumed:
+        commit(resumed, make_spec("c"), make_result("c"))
+        assert [r["name"] for r in resumed.records()] == ["a", "c"]
 
 
-def test_recording_after_a_torn_line_keeps_every_record_readable(results: ResultsDir) -> None:
-    results.record(make_spec("a"), make_result("a"))
-    with (results.path / "experiments.jsonl").open("a") as handle:
-        handle.write('{"name": "b", "sta')
-    results.record(make_spec("c"), make_result("c"))
-    assert [r["name"] for r in results.records()] == ["a", "c"]
+def test_a_copied_directory_resumes_its_study(tmp_path: Path) -> None:
+    with ResultsDir.open(tmp_path / "here", FINGERPRINT) as first:
+        commit(first, make_spec("a"), make_result("a"))
+    shutil.copytree(tmp_path / "here", tmp_path / "there")
+    shutil.rmtree(tmp_path / "here")
+    with ResultsDir.open(tmp_path / "there", FINGERPRINT) as copied:
+        commit(copied, make_spec("b"), make_result("b"))
+        assert [r["name"] for r in copied.records()] == ["a", "b"]
+
+
+def test_another_metric_continues_in_a_study_of_its_own_with_every_trial(
+    results: ResultsDir,
+) -> None:
+    commit(results, make_spec("a"), make_result("a", throughput=8.0))
+    latency = results.study(Metric.latency)
+    assert latency.direction.name == "MINIMIZE"
+    assert [t.value for t in latency.trials] == [pytest.approx(1.0)]  # 8 samples at 8/s
+    commit(results, make_spec("b"), make_result("b"), metric=Metric.latency)
+    assert [r["name"] for r in results.records()] == ["a", "b"]
+
+
+def test_a_study_elsewhere_is_refused_on_resume_with_another_storage(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    with ResultsDir.open(tmp_path / "run", FINGERPRINT) as first:
+        first.study(Metric.throughput, url)
+        commit(first, make_spec("a"), make_result("a"))  # no storage given: the recorded one
+        assert not (tmp_path / "run" / "study.journal").exists()
+    names = optuna.get_all_study_names(url)
+    assert len(names) == 1 and len(optuna.load_study(study_name=names[0], storage=url).trials)
+    with (
+        ResultsDir.open(tmp_path / "run", FINGERPRINT) as resumed,
+        pytest.raises(ResultsDirError, match=r"study is in sqlite:///.*team\.db, not"),
+    ):
+        resumed.study(Metric.throughput, str(tmp_path / "other.journal"))
+
+
+def test_a_directory_from_before_the_study_is_moved_into_one(tmp_path: Path) -> None:
+    (tmp_path / "fingerprint.json").write_text(json.dumps(FINGERPRINT))
+    lines = [
+        {**make_result("b").to_dict(), "proposed": 1, "phase": "model", "ds_config": {}},
+        {**make_result("a").to_dict(), "proposed": 0, "phase": "model", "ds_config": {}},
+    ]
+    (tmp_path / "experiments.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert ResultsDir(tmp_path).finished_names() == {"a", "b"}  # read as it is
+    with ResultsDir.open(tmp_path, FINGERPRINT) as resumed:
+        study = resumed.study(Metric.throughput)
+        assert [t.user_attrs["name"] for t in study.trials] == ["a", "b"]  # proposal order
+    assert not (tmp_path / "experiments.jsonl").exists()
 
 
 def test_a_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
@@ -65,7 +123,7 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
 
 def test_reopening_resumes_with_everything_kept(tmp_path: Path) -> None:
     with ResultsDir.open(tmp_path, FINGERPRINT) as first:
-        first.record(make_spec("a"), make_result("a"))
+        commit(first, make_spec("a"), make_result("a"))
     changed_versions = {**FINGERPRINT, "versions": {"autotune": "1"}}
     with ResultsDir.open(tmp_path, changed_versions) as second:
         assert second.finished_names() == {"a"}
@@ -73,14 +131,14 @@ def test_reopening_resumes_with_everything_kept(tmp_path: Path) -> None:
 
 def test_a_different_job_is_refused_not_reused(tmp_path: Path) -> None:
     with ResultsDir.open(tmp_path, FINGERPRINT) as first:
-        first.record(make_spec("a"), make_result("a"))
+        commit(first, make_spec("a"), make_result("a"))
     other = {"tuned": {"workload": "mlp", "world_size": 2}}
     match = r"different tuning job \(differs in: workload \('gpt' then 'mlp'\)\)"
     with pytest.raises(ResultsDirError, match=match):
         ResultsDir.open(tmp_path, other)
     with pytest.raises(ResultsDirError, match=match):
         ResultsDir.check(tmp_path, other)  # before a run starts anything
-    assert (tmp_path / "experiments.jsonl").exists()  # nothing lost
+    assert ResultsDir(tmp_path).finished_names() == {"a"}  # nothing lost
 
 
 def test_a_script_job_names_what_of_the_script_differs(tmp_path: Path) -> None:
@@ -108,10 +166,11 @@ def test_a_file_is_no_results_directory(tmp_path: Path) -> None:
 
 def test_overwrite_starts_afresh(tmp_path: Path) -> None:
     with ResultsDir.open(tmp_path, FINGERPRINT) as first:
-        first.record(make_spec("a"), make_result("a"))
+        commit(first, make_spec("a"), make_result("a"))
     with ResultsDir.open(tmp_path, {"tuned": {"workload": "mlp"}}, overwrite=True) as second:
         assert second.finished_names() == set()
         assert not second.experiment_dir("a").exists()
+        assert not (tmp_path / "study.journal").exists()
 
 
 def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
@@ -154,7 +213,7 @@ def test_ranked_runs_puts_ok_experiments_best_first_by_the_metric_and_failures_l
         ("fast", Status.ok, 20.0),
         ("fast_r1", Status.ok, 10.0),
     ):
-        results.record(make_spec(name), make_result(name, status, throughput or 1.0))
+        commit(results, make_spec(name), make_result(name, status, throughput or 1.0))
     for metric in Metric:  # a faster step is better by every metric
         assert [r["name"] for r in results.ranked_runs(metric)] == [
             "fast",

@@ -14,10 +14,9 @@ import pytest
 from autotune.config.autotuning import EngineName
 from autotune.experiment import ExperimentSpec
 from autotune.results import ResultsDir
-from autotune.results.store import LOG_NAME
 from autotune.runner import deepspeed_engine
 from autotune.runner.measuring_engine import measuring_engine
-from tests.results.records import FINGERPRINT, make_result
+from tests.results.records import FINGERPRINT, commit, make_result
 from tests.runner.specs import spec
 
 # A spec.json as results directories hold it (written before the spec's engine was typed).
@@ -66,11 +65,11 @@ def test_a_spec_json_loads_and_is_written_back_byte_for_byte() -> None:
 def test_the_results_log_names_the_engine_by_value(tmp_path: Path) -> None:
     results = ResultsDir.open(tmp_path / "run", FINGERPRINT)
     try:
-        results.record(spec("a", engine=EngineName.deepspeed), make_result("a"))
-        line = (results.path / LOG_NAME).read_text()
+        commit(results, spec("a", engine=EngineName.deepspeed), make_result("a"))
+        (record,) = results.records()
     finally:
         results.close()
-    assert ',"engine":"deepspeed",' in line
+    assert record["engine"] == "deepspeed"
 
 
 def test_summaries_name_deepspeed_with_its_installed_version(

@@ -27,6 +27,7 @@ import pytest
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.results import load_results
 from autotune.tuning import tune
+from tests.cli_process import finished_names
 from tests.runner.sim_cluster import (
     SimulatedCluster,
     config_metrics,
@@ -87,7 +88,7 @@ def killed_and_resumed(
     cut_off = _wait_for_several_in_flight(results, killed)
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=30)
-    finished_at_kill = _names(results / "experiments.jsonl")
+    finished_at_kill = finished_names(results)
     resumed = cluster.driver(command)
     out, err = resumed.communicate(timeout=150)
     assert resumed.returncode == 0, err[-3000:]
@@ -97,23 +98,17 @@ def killed_and_resumed(
         capacity=json.loads(out.strip().splitlines()[-1])["capacity"],
         cut_off=cut_off,
         finished_at_kill=finished_at_kill,
-        names=_names(results / "experiments.jsonl"),
+        names=finished_names(results),
     )
-
-
-def _names(log: Path) -> list[str]:
-    if not log.exists():
-        return []
-    return [json.loads(line)["name"] for line in log.read_text().splitlines() if line.strip()]
 
 
 def _wait_for_several_in_flight(results: Path, driver: subprocess.Popen[str]) -> list[str]:
     """Wait until an experiment has finished and at least two are running (started: their
-    folder has a spec; unfinished: no log line); their names."""
+    folder has a spec; unfinished: their trial not told); their names."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert driver.poll() is None, driver.stderr.read() if driver.stderr else ""
-        finished = set(_names(results / "experiments.jsonl"))
+        finished = set(finished_names(results))
         started = {p.name for p in (results / "exps").glob("*") if (p / "spec.json").exists()}
         in_flight = sorted(started - finished)
         if len(in_flight) >= 2 and finished:

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.results import load_results
-from tests.cli_process import start_autotune, wait_for_lines
+from autotune.results import ResultsDir, load_results
+from tests.cli_process import finished_names, start_autotune, wait_for_finished
 from tests.deepspeed_installed import needs_deepspeed
 
 pytestmark = pytest.mark.multirank
@@ -101,20 +101,19 @@ def test_kill_9_mid_run_then_the_same_command_loses_nothing(tmp_path: Path, engi
     spec["zero_optimization"]["stage"] = 1
     config.write_text(json.dumps(spec))
     results = tmp_path / "results"
-    log = results / "experiments.jsonl"
     command = ["run", "--runner", "local", "--results-dir", str(results), "-q", "--"]
     command += [str(SCRIPT), "--deepspeed", str(config), "--init", "engine"]
 
     driver = start_autotune(*command)
-    wait_for_lines(log, 1)
+    wait_for_finished(results, 1)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
-    finished_before = [json.loads(line)["name"] for line in log.read_text().splitlines()]
+    finished_before = finished_names(results)
 
     resumed = start_autotune(*command)
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = ResultsDir(results).records()
     names = [record["name"] for record in records]
     assert len(names) == len(set(names)), "an experiment ran twice"
     assert names[: len(finished_before)] == finished_before
@@ -155,7 +154,7 @@ def test_the_cifar_shaped_script_keeps_its_own_config_under_the_experiments(
     command += ["--results-dir", str(results), "-q", "--", str(script), "--deepspeed"]
     done = cli.invoke(app, [*command, "--dtype", "bf16"])
     assert done.exit_code == 0, done.output
-    records = [json.loads(line) for line in (results / "experiments.jsonl").open()]
+    records = ResultsDir(results).records()
     assert [record["status"] for record in records] == ["ok"], records
     output = (results / "exps" / records[0]["name"] / "rank0.out").read_text()
     assert "kept from the script's own config: bf16, fp16, gradient_clipping, optimizer" in output

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import optuna
+
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status, Timings
 from autotune.profiling.model_info import ModelInfo
@@ -170,14 +172,21 @@ class CutOff:
     proposed: list[str]  # every name asked, in that order
     finished: dict[str, ExperimentResult]  # in the order they finished (the log)
     in_flight: dict[str, Candidate]  # started, never finished
+    record: optuna.Study | None = None  # the study as the kill left it
 
-    def replay(self, tuner: Tuner) -> None:
-        """Tell ``tuner`` the log in proposal order, the cut-off ones owed in their places."""
-        for name in self.proposed:
-            if name in self.finished:
-                tuner.tell(self.finished[name])
-            else:
-                tuner.owe(name)
+    def resumed(self, make: Callable[..., Tuner], *args: Any, **kwargs: Any) -> Tuner:
+        """A tuner resumed from the record the kill left (``make(*args, study=..., **kwargs)``)."""
+        assert self.record is not None
+        return make(*args, study=snapshot(self.record), **kwargs)
+
+
+def snapshot(study: optuna.Study) -> optuna.Study:
+    """A copy of ``study`` in a storage of its own, running trials included: what a results
+    directory holds after its run was killed."""
+    copy = optuna.create_study(direction=study.direction, sampler=study.sampler)
+    for trial in study.get_trials(deepcopy=True):
+        copy.add_trial(trial)
+    return copy
 
 
 def run_until_killed(
@@ -199,6 +208,7 @@ def run_until_killed(
         done = cut_off.in_flight.pop(finish_order.choice(sorted(cut_off.in_flight)))
         cut_off.finished[done.name] = landscape.run(done)
         tell(tuner, cut_off.finished[done.name])
+    cut_off.record = snapshot(tuner.study)
     return cut_off
 
 

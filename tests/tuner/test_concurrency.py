@@ -123,8 +123,7 @@ def test_a_resume_with_several_cut_off_runs_what_one_at_a_time_would(
         killed = run_until_killed(
             small_tuner(tuner_type, **settings), landscape, interrupt_after, seed
         )
-        resumed = small_tuner(tuner_type, **settings)
-        killed.replay(resumed)
+        resumed = killed.resumed(small_tuner, tuner_type, **settings)
         rest = drive(resumed, landscape)
         assert set(killed.in_flight) <= {c.name for c in rest}, "a cut-off experiment was lost"
         assert set(killed.finished) | {c.name for c in rest} == sequential

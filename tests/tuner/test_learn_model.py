@@ -145,8 +145,9 @@ def test_a_resumed_script_run_decides_as_the_interrupted_one_would_have(
             tell_learning(first, landscape.run(killed.in_flight[name]))
         continued = [c.name for c in drive_with(first, landscape.run, tell_learning)]
 
-        resumed = Tuner(small_config(tuner_type, **settings), info, device_memory_bytes=budget)
-        killed.replay(resumed)
+        resumed = killed.resumed(
+            Tuner, small_config(tuner_type, **settings), info, device_memory_bytes=budget
+        )
         rest = [c.name for c in drive_with(resumed, landscape.run, tell_learning)]
         assert rest == cut_off + continued, (seed, killed.proposed, list(killed.finished))
         assert resumed.summary().ranking == first.summary().ranking

@@ -1,13 +1,14 @@
-"""Resuming: a new tuner told the results log continues where the old one stopped."""
+"""Resuming: a new tuner on the run's study continues where the old one stopped."""
 
 from __future__ import annotations
 
 import pytest
+from optuna.trial import TrialState
 
 from autotune.experiment import ExperimentResult
 from autotune.tuner import Candidate, Tuner
 from tests.tuner.landscape import FakeClock, Landscape, Tied, drive
-from tests.tuner.tuners import small_tuner
+from tests.tuner.tuners import small_tuner, stored_study
 
 
 def run_some(tuner: Tuner, landscape: Landscape, count: int) -> list[ExperimentResult]:
@@ -21,42 +22,58 @@ def run_some(tuner: Tuner, landscape: Landscape, count: int) -> list[ExperimentR
 
 
 @pytest.mark.parametrize("interrupt_after", [1, 5, 9, 14])
-def test_replaying_the_log_continues_the_same_search(tuner_type: str, interrupt_after: int) -> None:
+def test_a_tuner_on_the_same_study_continues_the_same_search(
+    tuner_type: str, interrupt_after: int
+) -> None:
     landscape = Landscape(noise=0.05)
     whole = [c.name for c in drive(small_tuner(tuner_type), landscape)]
     interrupt_after = min(interrupt_after, len(whole) - 1)
 
-    log = run_some(small_tuner(tuner_type), landscape, interrupt_after)
-    resumed = small_tuner(tuner_type)
-    for result in log:
-        resumed.tell(result)
+    record = stored_study()
+    log = run_some(small_tuner(tuner_type, study=record()), landscape, interrupt_after)
+    resumed = small_tuner(tuner_type, study=record())  # replays the study first
     rest = [c.name for c in drive(resumed, landscape)]
 
     names = [r.name for r in log] + rest
     assert len(set(names)) == len(names), "a finished experiment ran again"
     assert names == whole  # every decision follows from the results: the uninterrupted run
     assert resumed.finished and resumed.summary().num_run == len(names)
+    trials = record().trials
+    assert [t.user_attrs["name"] for t in trials] == names  # one trial per experiment
+    assert [t.number for t in trials] == list(range(len(names)))
 
 
-def test_an_experiment_in_flight_when_interrupted_is_proposed_again(tuner_type: str) -> None:
+def test_an_experiment_in_flight_when_interrupted_is_proposed_again_as_its_trial(
+    tuner_type: str,
+) -> None:
     landscape = Landscape()
-    first = small_tuner(tuner_type)
-    log = run_some(first, landscape, 3)
+    record = stored_study()
+    first = small_tuner(tuner_type, study=record())
+    run_some(first, landscape, 3)
     lost: Candidate | None = first.ask()  # launched, then the driver died
-    assert lost is not None
-    resumed = small_tuner(tuner_type)
+    assert lost is not None and record().trials[-1].state is TrialState.RUNNING
+    resumed = small_tuner(tuner_type, study=record())
+    later = drive(resumed, landscape)
+    assert later[0].name == lost.name and later[0].number == lost.number == 3
+    trial = record().trials[3]
+    assert trial.user_attrs["name"] == lost.name and trial.state is not TrialState.RUNNING
+
+
+def test_a_result_told_without_being_asked_for_is_recorded_as_a_finished_trial() -> None:
+    landscape = Landscape()
+    log = run_some(small_tuner("gridsearch"), landscape, 2)
+    other = small_tuner("gridsearch")
     for result in log:
-        resumed.tell(result)
-    later = [c.name for c in drive(resumed, landscape)]
-    assert later[0] == lost.name
+        other.tell(result)
+    assert [t.user_attrs["name"] for t in other.study.trials] == [r.name for r in log]
+    assert other.summary().num_run == 2
 
 
 def test_replayed_time_counts_toward_the_budget() -> None:
     landscape, clock = Tied(duration_s=10.0), FakeClock()  # a best in doubt: room kept
-    log = run_some(small_tuner("gridsearch"), landscape, 4)
-    resumed = small_tuner("gridsearch", clock=clock, time_budget_s=65.0)
-    for result in log:
-        resumed.tell(result)
+    record = stored_study()
+    run_some(small_tuner("gridsearch", study=record()), landscape, 4)
+    resumed = small_tuner("gridsearch", clock=clock, time_budget_s=65.0, study=record())
     assert resumed.elapsed_s == 40.0
     # 25 s left: one more search experiment, then a re-measurement of the best (10 s each).
     assert [c.repeat_of is None for c in drive(resumed, landscape, clock=clock)] == [True, False]

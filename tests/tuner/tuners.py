@@ -3,10 +3,14 @@ fast gridsearch over the whole default space."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from autotune.config import Config, load_config
+import optuna
+
+from autotune.config import Config, Metric, load_config
 from autotune.tuner import Tuner
+from autotune.tuner.trials import new_study
 from tests.tuner.landscape import MODEL, FakeClock, Landscape
 
 TUNERS = ("gridsearch", "random", "model_based")
@@ -37,7 +41,7 @@ def small_config(tuner_type: str, stages: tuple[int, ...] = (1, 2), **autotuning
 def small_tuner(
     tuner_type: str,
     clock: FakeClock | None = None,
-    storage: str | None = None,
+    study: optuna.Study | None = None,
     stages: tuple[int, ...] = (1, 2),
     **autotuning: Any,
 ) -> Tuner:
@@ -46,8 +50,15 @@ def small_tuner(
         MODEL,
         device_memory_bytes=Landscape().budget_bytes,
         clock=clock or FakeClock(),
-        storage=storage,
+        study=study,
     )
+
+
+def stored_study(metric: Metric = Metric.throughput) -> Callable[[], optuna.Study]:
+    """A study in a storage that outlives each tuner: every call loads it again, as a
+    resumed run does from its results directory."""
+    storage = optuna.storages.InMemoryStorage()
+    return lambda: new_study(metric, storage=storage, name="run")
 
 
 def fast_tuner(budget: int | None, **autotuning: object) -> Tuner:
