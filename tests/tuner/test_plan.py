@@ -87,11 +87,23 @@ def test_more_memory_fits_larger_micro_batches_and_sharding_fits_more(tmp_path: 
 
 def test_a_hardware_file_with_the_catalog_fields_plans_the_same(tmp_path: Path) -> None:
     path = tmp_path / "mygpu.json"
-    path.write_text(json.dumps({**CATALOG["h100-80gb"].to_dict(), "name": "mygpu"}))
+    path.write_text(json.dumps(CATALOG["h100-80gb"].to_dict()))
     assert load_hardware(str(path)).memory_bytes == CATALOG["h100-80gb"].memory_bytes
     from_file = plan_json(tmp_path, "--hardware", str(path))
     from_catalog = plan_json(tmp_path, "--hardware", "h100-80gb")
     assert [r["name"] for r in from_file] == [r["name"] for r in from_catalog]
+
+
+def test_a_gpu_no_published_table_measured_is_planned_with_more_doubt(tmp_path: Path) -> None:
+    path = tmp_path / "mygpu.json"
+    path.write_text(json.dumps({**CATALOG["h100-80gb"].to_dict(), "name": "mygpu"}))
+    unknown = plan_json(tmp_path, "--hardware", str(path))[0]
+    known = plan_json(tmp_path, "--hardware", "h100-80gb")[0]
+
+    def width(row: dict) -> float:
+        return row["throughput_high"] / row["throughput_low"]
+
+    assert width(unknown) > width(known)
 
 
 @pytest.mark.parametrize(
