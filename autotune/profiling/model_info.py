@@ -433,7 +433,11 @@ def model_info_on_meta(
     )
 
 
-def model_info(workload: Workload, micro_batch_size: int = 1) -> ModelInfo:
+def model_info(
+    workload: Workload,
+    micro_batch_size: int = 1,
+    checkpointing: Callable[[bool], None] | None = None,
+) -> ModelInfo:
     """Parameters, activation bytes and FLOPs of a workload, in about a second.
 
     Activations are measured with real steps at micro-batches of 1 and 2 on the model's device
@@ -443,6 +447,8 @@ def model_info(workload: Workload, micro_batch_size: int = 1) -> ModelInfo:
     Args:
         workload: The workload (its model on CPU, typically).
         micro_batch_size: The micro-batch at which FLOPs are counted.
+        checkpointing: as for :func:`model_info_on_meta`: the checkpointed activations and
+            the FLOPs recomputed are measured too.
 
     Returns:
         The model's info.
@@ -451,13 +457,34 @@ def model_info(workload: Workload, micro_batch_size: int = 1) -> ModelInfo:
     params = list({id(p): p for p in model.parameters()}.values())
     generator = torch.Generator().manual_seed(0)
     batch = lambda size: workload.make_batch(size, generator)  # noqa: E731
-    saved = _per_sample(lambda size: saved_activation_bytes(model, batch(size)))
-    peak = _per_sample(lambda size: step_peak_bytes(model, batch(size)))
-    flops = flops_per_micro_batch(workload, micro_batch_size)
-    return ModelInfo(
+
+    def measure() -> tuple[int, int, float]:
+        saved = _per_sample(lambda size: saved_activation_bytes(model, batch(size)))
+        peak = _per_sample(lambda size: step_peak_bytes(model, batch(size)))
+        flops = flops_per_micro_batch(workload, micro_batch_size) / micro_batch_size
+        return saved, max(peak - saved, 0), flops
+
+    saved, backward, flops = measure()
+    tensors, per_module = parameter_counts(model)
+    info = ModelInfo(
         num_params=sum(p.numel() for p in params),
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         activation_bytes_per_sample=saved,
-        flops_per_sample=flops / micro_batch_size,
-        backward_bytes_per_sample=max(peak - saved, 0),
+        flops_per_sample=flops,
+        backward_bytes_per_sample=backward,
+        num_param_tensors=tensors,
+        module_param_counts=per_module,
+    )
+    if checkpointing is None:
+        return info
+    checkpointing(True)
+    try:
+        saved, backward, checkpointed_flops = measure()
+    finally:
+        checkpointing(False)
+    return replace(
+        info,
+        checkpointed_activation_bytes_per_sample=saved,
+        checkpointed_backward_bytes_per_sample=backward,
+        recompute_flops_per_sample=max(checkpointed_flops - flops, 0.0),
     )
