@@ -160,7 +160,7 @@ def name_position(key: str) -> int:
 
     Example:
         >>> name_position("zero_optimization.stage"), name_position("fp16.enabled")
-        (0, 16)
+        (0, 17)
     """
     knob = KNOB_BY_KEY.get(key)
     return KNOBS.index(knob) if knob is not None else len(KNOBS)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.tuner.cost_model import CONSTANTS, NAMES, step_seconds
+from autotune.tuner.cost_terms import CONSTANTS, NAMES, step_seconds
 from autotune.tuner.hardware import Hardware
 
 CALIBRATION_PATH = Path(__file__).with_name("calibration.json")

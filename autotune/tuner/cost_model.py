@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from autotune.tuner.calibration import calibrated_ratios, datasheet_basis, uncalibrated_guess
+from autotune.tuner.cost_terms import CONSTANTS, NAMES, Constant, step_seconds, transformed_values
 from autotune.tuner.hardware import CPU_RANK, Hardware
 from autotune.tuner.step_counts import (
-    COLUMN,
     COLUMNS,
     ModelShape,
     StepShape,
@@ -69,42 +70,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Constant:
-    """One constant of the model: its name, unit, and how it is kept positive (``log``: the
-    fit works on its logarithm; ``logit``: a fraction, on its log-odds)."""
-
-    name: str
-    unit: str
-    description: str
-    transform: str = "log"
-
-
-CONSTANTS: tuple[Constant, ...] = (
-    Constant("flop_rate", "FLOP/s", "achieved compute rate at a large micro-batch (ceiling)"),
-    Constant("half_rate_micro_batch", "samples", "micro-batch at which half that rate is reached"),
-    Constant("node_bandwidth", "B/s", "collective bandwidth per rank within a node"),
-    Constant("network_bandwidth", "B/s", "collective bandwidth per rank across nodes"),
-    Constant(
-        "hidden_fraction",
-        "",
-        "share of the shorter of overlapping compute and comm hidden",
-        "logit",
-    ),
-    Constant("collective_latency", "s", "fixed cost of one collective call"),
-    Constant("copy_bandwidth", "B/s", "device memory copies into and out of flat buffers"),
-    Constant("update_time_per_param", "s", "optimizer update of one parameter on the device"),
-    Constant("host_update_time_per_param", "s", "optimizer update of one parameter offloaded"),
-    Constant("host_bandwidth", "B/s", "device-host copies of an offloaded optimizer"),
-    Constant("micro_step_overhead", "s", "fixed cost per micro-step"),
-    Constant("hook_time_per_tensor", "s", "a gradient hook's host work, per tensor (stages 2-3)"),
-    Constant("fetch_time_per_module", "s", "ZeRO-3's host work fetching and releasing a module"),
-    Constant("step_overhead", "s", "fixed cost per optimizer step"),
-)
-NAMES = tuple(c.name for c in CONSTANTS)
-_INDEX = {name: i for i, name in enumerate(NAMES)}
-_LOGIT = np.array([c.transform == "logit" for c in CONSTANTS])
-
 # Relative run-to-run noise of one measurement before repeats say otherwise, and how many
 # degrees of freedom that guess weighs (the committed CPU tables: 2-3%; GPUs: 1-2%).
 PRIOR_NOISE = 0.03
@@ -114,50 +79,6 @@ PRIOR_NOISE_WEIGHT = 4.0
 PRIOR_MISFIT_MEASURED = 0.02
 PRIOR_MISFIT_UNMEASURED = 0.05
 PRIOR_MISFIT_WEIGHT = 2.0
-
-
-def _values(u: np.ndarray) -> np.ndarray:
-    """Constants from their transformed values (``u``: one row per parameter set)."""
-    return np.where(_LOGIT, 1.0 / (1.0 + np.exp(-u)), np.exp(u))
-
-
-def step_seconds(u: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Seconds per optimizer step of every row, for each parameter set in ``u`` (one row of
-    transformed constants, or several): shape ``(sets, rows)``, or ``(rows,)`` for one set."""
-    v = _values(np.atleast_2d(u))
-    col = {name: rows[:, i][None, :] for name, i in COLUMN.items()}
-    k = {name: v[:, i][:, None] for name, i in _INDEX.items()}
-    bandwidth = np.where(col["spans_nodes"] > 0, k["network_bandwidth"], k["node_bandwidth"])
-    latency = k["collective_latency"]
-    g = np.maximum(col["micro_steps"], 1.0)
-    compute = (col["samples_flops"] + col["flops"] * k["half_rate_micro_batch"]) / (
-        k["flop_rate"] * g
-    )
-    micro_comm = (col["micro_overlap_bytes"] / bandwidth + col["micro_overlap_calls"] * latency) / g
-    boundary = col["boundary_overlap_bytes"] / bandwidth + col["boundary_overlap_calls"] * latency
-    hidden = k["hidden_fraction"]
-
-    def side_by_side(c: np.ndarray, m: np.ndarray) -> np.ndarray:
-        return c + m - hidden * np.minimum(c, m)
-
-    seconds = (
-        (g - 1.0) * side_by_side(compute, micro_comm)
-        + side_by_side(compute, micro_comm + boundary)
-        + col["exposed_bytes"] / bandwidth
-        + col["exposed_calls"] * latency
-        + col["copy_bytes"] / k["copy_bandwidth"]
-        + col["update_params"] * k["update_time_per_param"]
-        + col["host_params"] * k["host_update_time_per_param"]
-        + col["host_bytes"] / k["host_bandwidth"]
-        + col["micro_steps"] * k["micro_step_overhead"]
-        + col["hooked_tensors"] * k["hook_time_per_tensor"]
-        + col["module_fetches"] * k["fetch_time_per_module"]
-        + k["step_overhead"]
-    )
-    return seconds[0] if u.ndim == 1 else seconds
-
-
-_step_time = step_seconds
 
 
 @dataclass(frozen=True)
@@ -204,8 +125,6 @@ def prior_for(hardware: Hardware, topology: Topology) -> Prior:
         >>> prior.calibrated, 0.1 < math.exp(prior.mean[0]) / 125e12 < 0.6  # of the peak
         (True, True)
     """
-    from autotune.tuner.calibration import calibrated_ratios, datasheet_basis, uncalibrated_guess
-
     cpu = hardware.name == CPU_RANK.name
     guesses = uncalibrated_guess(cpu)
     calibrated = None if cpu else calibrated_ratios(hardware.name, topology.precision)
@@ -300,7 +219,7 @@ class CostModel:
     @property
     def constants(self) -> dict[str, float]:
         """Each constant's fitted value, in its unit."""
-        return dict(zip(NAMES, _values(np.array(self.u)).tolist(), strict=True))
+        return dict(zip(NAMES, transformed_values(np.array(self.u)).tolist(), strict=True))
 
     def relative_sd(self) -> dict[str, float]:
         """Each constant's uncertainty: the standard deviation of its log (about its relative
@@ -312,7 +231,7 @@ class CostModel:
         transformed constants (rows × constants): how two predictions' errors go together
         is ``g1 @ covariance @ g2``."""
         u = np.array(self.u)
-        seconds = _step_time(u, rows)
+        seconds = step_seconds(u, rows)
         return np.log(seconds), _log_jacobian(u, rows, seconds)
 
     def predict(self, rows: Sequence[Sequence[float]], variants: Sequence[str]) -> list[Prediction]:
@@ -321,7 +240,7 @@ class CostModel:
             return []
         matrix = np.asarray(rows, dtype=float)
         u = np.array(self.u)
-        mean = _step_time(u, matrix)
+        mean = step_seconds(u, matrix)
         jac = _log_jacobian(u, matrix, mean)
         cov = np.array(self.covariance)
         var = np.einsum("ij,jk,ik->i", jac, cov, jac)
@@ -347,7 +266,7 @@ class CostModel:
                     "value": value,
                     "unit": c.unit,
                     "log_sd": sd[c.name],
-                    "prior": float(_values(np.array(self.prior.mean))[i]),
+                    "prior": float(transformed_values(np.array(self.prior.mean))[i]),
                     "description": c.description,
                 }
                 for i, (c, value) in enumerate(zip(CONSTANTS, self.constants.values(), strict=True))
@@ -397,7 +316,7 @@ class CostModel:
         have measured, e.g. the network for a run on one node)."""
         u, cov = list(self.u), [list(row) for row in self.covariance]
         for name in names:
-            i = _INDEX[name]
+            i = NAMES.index(name)
             u[i] = prior.mean[i]
             for j in range(len(u)):
                 cov[i][j] = cov[j][i] = 0.0
@@ -412,7 +331,7 @@ def _log_jacobian(u: np.ndarray, rows: np.ndarray, seconds: np.ndarray) -> np.nd
     for i in range(len(u)):
         shifted[2 * i, i] += step
         shifted[2 * i + 1, i] -= step
-    times = _step_time(shifted, rows)  # (2k, rows)
+    times = step_seconds(shifted, rows)  # (2k, rows)
     logs = np.log(np.maximum(times, 1e-300))
     return ((logs[0::2] - logs[1::2]) / (2 * step)).T
 
@@ -457,7 +376,7 @@ def fit(observations: Sequence[Observation], prior: Prior, max_iterations: int =
     mean0, sd0 = np.array(prior.mean), np.array(prior.sd)
 
     def residuals(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        seconds = _step_time(u, rows)
+        seconds = step_seconds(u, rows)
         data = (np.log(seconds) - target) * weights
         return np.concatenate([data, (u - mean0) / sd0]), seconds
 
