@@ -192,7 +192,8 @@ def step_counts(model: ModelShape, shape: StepShape, topology: Topology) -> list
         modules = model.gathered_modules(shape.param_persistence_threshold)
         per_pass = float(modules) if modules else calls(shape.prefetch_bucket_size)
         # The hooks fetch and release every module even on one rank, where nothing moves.
-        fetches = float(g * passes * modules)
+        # Modules unknown (a shape from sizes alone): one unit a pass, a cost per micro-step.
+        fetches = float(g * passes * (modules if model.module_param_counts else 1))
         micro_bytes = g * (passes + 1) * ring
         micro_calls = g * (passes * (per_pass if n > 1 else 0.0) + reduce_calls)
     if not shape.overlap_comm and shape.stage < 3:
