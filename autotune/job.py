@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, parse_size
+from autotune.config.knobs import CHECKPOINTING_KEY
 from autotune.config.overrides import as_client_reads
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
 from autotune.experiment import ExperimentResult, ExperimentSpec
@@ -159,8 +160,18 @@ def workload_model_info(job: TuningJob) -> ModelInfo:
 
     seed = job.config.autotuning.seed
     check_workload(job.workload, job.workload_args, seed=seed)
+    checkpointed = job.config.activation_checkpointing.enabled or bool(
+        job.config.search_space.get(CHECKPOINTING_KEY)
+    )
     try:
-        info = model_info(resolve_workload(job.workload, job.workload_args, seed=seed), 1)
+        workload = resolve_workload(job.workload, job.workload_args, seed=seed)
+        if checkpointed and workload.activation_checkpointing is None:
+            raise WorkloadError(
+                f"workload {job.workload!r}: cannot switch activation checkpointing on (the "
+                f"config's {CHECKPOINTING_KEY}); a built-in gpt or an hf: workload can"
+            )
+        switch = workload.activation_checkpointing if checkpointed else None
+        info = model_info(workload, 1, switch)
     except WorkloadError:
         raise
     except Exception as err:  # the user's model failed a real forward/backward on CPU
@@ -172,7 +183,7 @@ def workload_model_info(job: TuningJob) -> ModelInfo:
         # The estimate predicts what an experiment will measure: on CPU the engine's
         # accounting (which the stand-in budget is held to) counts the tensors saved for
         # backward, not the gradients in flight that a CUDA allocator also sees.
-        info = replace(info, backward_bytes_per_sample=0)
+        info = replace(info, backward_bytes_per_sample=0, checkpointed_backward_bytes_per_sample=0)
     return info
 
 

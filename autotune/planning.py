@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import ConfigError, load_config
+from autotune.config.knobs import CHECKPOINTING_KEY
 from autotune.tuner.cost_model import CostModel, Topology, prior_for
 from autotune.tuner.hardware import CATALOG, CPU_RANK, Hardware, load_hardware
 from autotune.tuner.plan import PlannedConfig, plan
@@ -62,7 +63,10 @@ def fitted_cost_model(results_dir: Path) -> CostModel:
         raise ConfigError(
             "--from", f"{path}: no fitted cost model (the run's tuner was not model_based)"
         )
-    return CostModel.from_dict(model)
+    try:
+        return CostModel.from_dict(model)
+    except ValueError as err:
+        raise ConfigError("--from", f"{path}: {err}: run it again to plan from it") from None
 
 
 def make_plan(request: PlanRequest) -> tuple[list[PlannedConfig], Hardware, CostModel | None]:
@@ -90,10 +94,21 @@ def make_plan(request: PlanRequest) -> tuple[list[PlannedConfig], Hardware, Cost
             "(--gpus-per-node): use a multiple of it",
         )
     config = load_config(dict(request.config), world_size=request.world_size)
+    checkpointed = config.activation_checkpointing.enabled or bool(
+        config.search_space.get(CHECKPOINTING_KEY)
+    )
     try:
         with torch.device("meta"):
             workload = resolve_workload(request.workload, dict(request.workload_args))
-        info = model_info_on_meta(workload, config.precision)
+        if checkpointed and workload.activation_checkpointing is None:
+            raise WorkloadError(
+                f"workload {request.workload!r}: cannot switch activation checkpointing on "
+                f"(the config's {CHECKPOINTING_KEY}); a built-in gpt or an hf: workload can"
+            )
+        # Checkpointed activations are measured only where the config asks for them: a
+        # 7B model's passes are most of a plan's time.
+        switch = workload.activation_checkpointing if checkpointed else None
+        info = model_info_on_meta(workload, config.precision, switch)
     except WorkloadError:
         raise
     except Exception as err:  # an op without a meta kernel, a tensor made on a fixed device

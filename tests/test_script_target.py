@@ -266,3 +266,14 @@ def test_a_script_run_starts_side_by_side_and_resumes_without_losing_the_blind_o
     log = [record["name"] for record in ResultsDir(job.results_dir).records()]
     assert len(log) == len(set(log)) == report.summary.num_run
     assert report.summary.best is not None and report.summary.best.name == "z0_mbs64"
+
+
+def test_activation_checkpointing_maps_onto_the_scripts_flag(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    mapping = {"activation_checkpointing.enabled": "--gradient_checkpointing"}
+    target = ScriptTarget.from_command([str(script), "--deepspeed", "ds.json"], mapping)
+    on = {"activation_checkpointing": {"enabled": True}}
+    assert target.argv(on)[-2:] == ["--gradient_checkpointing", "true"]
+    off = {"activation_checkpointing": {"enabled": False}}
+    assert target.argv(off)[-2:] == ["--gradient_checkpointing", "false"]

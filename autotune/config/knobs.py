@@ -24,6 +24,7 @@ STAGE_KEY = "zero_optimization.stage"
 OFFLOAD_KEY = "zero_optimization.offload_optimizer.device"
 MICRO_BATCH_KEY = "train_micro_batch_size_per_gpu"
 ACCUMULATION_KEY = "gradient_accumulation_steps"
+CHECKPOINTING_KEY = "activation_checkpointing.enabled"
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob(STAGE_KEY, "z", int, frozenset(ALL_STAGES), per_stage=False),
     Knob(OFFLOAD_KEY, "o", str, frozenset({1, 2, 3}), searchable=False, per_stage=False),
     Knob(MICRO_BATCH_KEY, "mbs", int, frozenset(ALL_STAGES), per_stage=False),
+    # The model recomputes its activations in backward: less memory, a third more compute.
+    # The workload does it (a built-in or hf: workload switches it on; a script gets it
+    # through autotuning.arg_mappings, e.g. onto --gradient_checkpointing), at every stage.
+    # Like offload it is a variant of its own, with its own largest micro-batch, not a knob
+    # tuned at one micro-batch: at the same micro-batch it can only be slower.
+    Knob(CHECKPOINTING_KEY, "ac", bool, frozenset(ALL_STAGES), per_stage=False),
     Knob(ACCUMULATION_KEY, "gas", int, frozenset(ALL_STAGES)),
     # Stages 0-2 cut the flat buffer into buckets of this size; stage 3 groups modules by it.
     Knob(
@@ -153,7 +160,7 @@ def name_position(key: str) -> int:
 
     Example:
         >>> name_position("zero_optimization.stage"), name_position("fp16.enabled")
-        (0, 16)
+        (0, 17)
     """
     knob = KNOB_BY_KEY.get(key)
     return KNOBS.index(knob) if knob is not None else len(KNOBS)

@@ -231,6 +231,16 @@ class AMPConfig(OpenSection):
     enabled: StrictBool = False
 
 
+class ActivationCheckpointingConfig(OpenSection):
+    """``activation_checkpointing``: DeepSpeed's keys for its own checkpointing API
+    (``partition_activations``, ``cpu_checkpointing``, ...) pass through unread; ``enabled``
+    is autotune's: whether the model recomputes its activations in backward, which a
+    built-in or ``hf:`` workload switches on, and a script through ``autotuning.arg_mappings``
+    (e.g. onto ``--gradient_checkpointing``). A list (``[false, true]``) is searched."""
+
+    enabled: StrictBool = False
+
+
 # --- ZeRO --------------------------------------------------------------------------------------
 
 
@@ -416,7 +426,9 @@ class DeepSpeedConfig(Section):
         int | None, BeforeValidator(lambda v: v if v is None else parse_size(v))
     ] = None
 
-    activation_checkpointing: dict[str, Any] | None = None
+    activation_checkpointing: ActivationCheckpointingConfig = Field(
+        default_factory=ActivationCheckpointingConfig
+    )
     aio: dict[str, Any] | None = None
     sparse_attention: dict[str, Any] | None = None
     data_efficiency: dict[str, Any] | None = None

@@ -16,6 +16,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from autotune.config.keys import get_key
+from autotune.config.knobs import CHECKPOINTING_KEY
 from autotune.experiment import ExperimentSpec, Metrics, Status
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.runner.outcome import RankOutcome, failure_outcome
@@ -96,8 +98,16 @@ def _profiled_run(
 
     assert spec.workload is not None  # a spec without a script has one
     workload = resolve_workload(spec.workload, dict(spec.workload_args), seed=spec.seed)
-    model = workload.model.to(device)
     config = spec.ds_config
+    if get_key(config, CHECKPOINTING_KEY):
+        # The model recomputes its activations: the workload does it, the engine cannot.
+        if workload.activation_checkpointing is None:
+            raise ValueError(
+                f"{CHECKPOINTING_KEY} is set but workload {spec.workload!r} cannot switch "
+                "activation checkpointing on"
+            )
+        workload.activation_checkpointing(True)
+    model = workload.model.to(device)
     micro = int(config["train_micro_batch_size_per_gpu"])
     accumulation = int(config.get("gradient_accumulation_steps", 1))
     train_batch_size = int(config["train_batch_size"])

@@ -1,36 +1,29 @@
 """Predict, then measure: a model of one optimizer step's time, fitted to what the run measured.
 
-Per optimizer step a rank runs ``g`` micro-steps (gradient accumulation) of ``b`` samples, the
-collectives its ZeRO stage issues, and the optimizer's update of its shard. The step's time is
-the sum of what each costs, counts the configuration fixes times rates of the machine:
+The step's time is the counts :mod:`autotune.tuner.step_counts` makes of a configuration
+(FLOPs, bytes, calls, hooks, module fetches) times rates of the machine:
 
-============  =================================================================================
-compute       ``g·F·(b + b½) / R``: F FLOPs per sample at an achieved rate ``b/(b + b½)·R``
-              that rises with the micro-batch to a ceiling ``R``
-collectives   ``bytes / bandwidth + calls · latency`` for each collective (ring volumes per
-              rank, ``c = (N-1)/N`` of the model's bytes): stage 0 all-reduces the gradients
-              once a step (``2c``); stage 1 reduce-scatters them once a step and all-gathers
-              the updated parameters (``c + c``); stage 2 reduce-scatters every micro-step
-              (``g·c + c``); stage 3 also all-gathers the parameters for forward and again for
-              backward every micro-step (``3g·c``). Calls: the volume over the bucket size.
-              Bytes cross the node's links, or the network once the ranks span nodes. With
-              ``overlap_comm`` (and stage 3's prefetch) a share ``h`` of the gradient
-              reduction (and of the gathers) hides under compute
-copies        partitioned stages copy gradients and parameters into and out of flat buffers
-update        the optimizer over the rank's parameters (all at stage 0, a 1/N shard from stage 1
-              on); offloaded, on the host, with gradients copied out and parameters back
-overheads     a fixed cost per micro-step and per step (launches, hooks, the step's own sync),
-              and ZeRO-3's own per micro-step (fetching and releasing each module)
-============  =================================================================================
+- compute: ``F·(b + b½) / R`` a micro-step, an achieved rate ``b/(b + b½)·R`` that rises with
+  the micro-batch ``b`` to a ceiling ``R``;
+- communication: ``bytes / bandwidth + calls · latency``; where it overlaps compute (a
+  reduction with ``overlap_comm``, stage 3's prefetched gathers) the two run side by side and
+  a share ``h`` of the shorter hides under the longer: ``C + M - h·min(C, M)``;
+- host work: a cost per gradient hook (stages 2-3, per parameter tensor and micro-step) and
+  per module fetch (stage 3, per module, pass and micro-step), which no overlap hides: the
+  next kernel waits on the host;
+- copies, the optimizer's update (on the device, or on the host when offloaded), and fixed
+  costs per micro-step and per step.
 
-Its thirteen constants (:data:`CONSTANTS`) start at a datasheet's guess
-(:func:`prior_for`, from :mod:`autotune.tuner.hardware`) and are **fitted** to the step times
-the run measured (:func:`fit`): a maximum a posteriori fit on the log of the step time, each
-constant's log with a Gaussian prior (an order of magnitude wide where a datasheet says
-little), and its uncertainty from the curvature (Laplace). A prediction carries the
-uncertainty of the constants, the measurement noise, and the model's own misfit: the share
-of the measured times the model could not explain, larger for a ZeRO variant nothing of has
-run. Memory is the estimate of :mod:`autotune.tuner.memory`.
+Its constants (:data:`CONSTANTS`) start at the datasheet's figures times what published runs
+achieved of them (:func:`prior_for`; :mod:`autotune.tuner.calibration`, fitted to DeepSpeed's
+and MosaicML's published tables) and are **fitted** to the step times the run measured
+(:func:`fit`): a maximum a posteriori fit on the log of the step time, each constant's log
+with a Gaussian prior (an order of magnitude wide where a datasheet says little), and its
+uncertainty from the curvature (Laplace). A prediction carries the uncertainty of the
+constants, the measurement noise, and the model's own misfit: before anything ran, how far
+the calibrated model landed from the published tables; after, the share of the measured
+times the model could not explain, larger for a ZeRO variant nothing of has run. Memory is
+the estimate of :mod:`autotune.tuner.memory`.
 
 Torch-free (NumPy): the tuner refits after every result.
 """
@@ -44,40 +37,38 @@ from typing import Any
 
 import numpy as np
 
+from autotune.tuner.calibration import calibrated_ratios, datasheet_basis, uncalibrated_guess
+from autotune.tuner.cost_terms import CONSTANTS, NAMES, Constant, step_seconds, transformed_values
 from autotune.tuner.hardware import CPU_RANK, Hardware
-
-
-@dataclass(frozen=True)
-class Constant:
-    """One constant of the model: its name, unit, and how it is kept positive (``log``: the
-    fit works on its logarithm; ``logit``: a fraction, on its log-odds)."""
-
-    name: str
-    unit: str
-    description: str
-    transform: str = "log"
-
-
-CONSTANTS: tuple[Constant, ...] = (
-    Constant("flop_rate", "FLOP/s", "achieved compute rate at a large micro-batch (ceiling)"),
-    Constant("half_rate_micro_batch", "samples", "micro-batch at which half that rate is reached"),
-    Constant("node_bandwidth", "B/s", "collective bandwidth per rank within a node"),
-    Constant("network_bandwidth", "B/s", "collective bandwidth per rank across nodes"),
-    Constant("hidden_fraction", "", "share of overlappable communication hidden", "logit"),
-    Constant("collective_latency", "s", "fixed cost of one collective call"),
-    Constant("copy_bandwidth", "B/s", "device memory copies into and out of flat buffers"),
-    Constant("update_time_per_param", "s", "optimizer update of one parameter on the device"),
-    Constant("host_update_time_per_param", "s", "optimizer update of one parameter offloaded"),
-    Constant("host_bandwidth", "B/s", "device-host copies of an offloaded optimizer"),
-    Constant("micro_step_overhead", "s", "fixed cost per micro-step"),
-    Constant(
-        "gather_overhead", "s", "ZeRO-3's cost per micro-step of fetching and releasing modules"
-    ),
-    Constant("step_overhead", "s", "fixed cost per optimizer step"),
+from autotune.tuner.step_counts import (
+    COLUMNS,
+    ModelShape,
+    StepShape,
+    Topology,
+    step_counts,
 )
-NAMES = tuple(c.name for c in CONSTANTS)
-_INDEX = {name: i for i, name in enumerate(NAMES)}
-_LOGIT = np.array([c.transform == "logit" for c in CONSTANTS])
+
+__all__ = [
+    "COLUMNS",
+    "CONSTANTS",
+    "NAMES",
+    "CostModel",
+    "ModelShape",
+    "Observation",
+    "Prediction",
+    "Prior",
+    "StepShape",
+    "Topology",
+    "expected_improvement",
+    "fit",
+    "log_throughput",
+    "measurement_noise",
+    "normal_cdf",
+    "prior_for",
+    "step_counts",
+    "step_seconds",
+]
+
 
 # Relative run-to-run noise of one measurement before repeats say otherwise, and how many
 # degrees of freedom that guess weighs (the committed CPU tables: 2-3%; GPUs: 1-2%).
@@ -91,211 +82,64 @@ PRIOR_MISFIT_WEIGHT = 2.0
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """What the model needs of the workload (see :class:`autotune.profiling.model_info.ModelInfo`).
-
-    ``flops_per_sample`` counts forward and backward of one sample.
-    """
-
-    num_params: int
-    flops_per_sample: float
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Where the ranks run: ``world_size`` data-parallel ranks (after model parallelism),
-    ``ranks_per_node`` of them per node, training at ``precision``."""
-
-    world_size: int
-    ranks_per_node: int
-    precision: str = "fp32"
-
-    @property
-    def num_nodes(self) -> int:
-        return math.ceil(self.world_size / max(1, self.ranks_per_node))
-
-    @property
-    def spans_nodes(self) -> bool:
-        return self.world_size > self.ranks_per_node
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of a parameter or gradient as communicated."""
-        return 4 if self.precision == "fp32" else 2
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """One configuration as the model sees it.
-
-    Bucket sizes are in elements (None: unbounded, one bucket holds the model).
-    """
-
-    stage: int
-    micro_batch_size: int
-    accumulation: int = 1
-    offload_optimizer: bool = False
-    overlap_comm: bool = False
-    reduce_scatter: bool = True
-    reduce_bucket_size: float | None = None
-    allgather_bucket_size: float | None = None
-    prefetch_bucket_size: float | None = None
-
-
-# The columns of a configuration's row (:func:`step_counts`), what the constants multiply.
-_COLUMNS = (
-    "micro_steps",  # g
-    "samples_flops",  # g·b·F
-    "flops",  # g·F
-    "exposed_bytes",  # communicated bytes nothing hides
-    "exposed_calls",
-    "overlap_bytes",  # communicated bytes that overlap may hide
-    "overlap_calls",
-    "copy_bytes",
-    "update_params",
-    "host_params",
-    "host_bytes",
-    "spans_nodes",  # 1 when collectives cross the network
-    "gather_micro_steps",  # g at stage 3
-)
-_C = {name: i for i, name in enumerate(_COLUMNS)}
-
-
-def step_counts(model: ModelShape, shape: StepShape, topology: Topology) -> list[float]:
-    """The counts one optimizer step of ``shape`` incurs per rank (a row of ``_COLUMNS``).
-
-    Example:
-        >>> model = ModelShape(num_params=1000, flops_per_sample=6e3)
-        >>> shape = StepShape(stage=2, micro_batch_size=4, accumulation=2, overlap_comm=True)
-        >>> row = dict(zip(_COLUMNS, step_counts(model, shape, Topology(4, 4))))
-        >>> row["exposed_bytes"], row["overlap_bytes"]  # all-gather after the step; 2 reductions
-        (3000.0, 6000.0)
-    """
-    n, w = topology.world_size, topology.weight_bytes
-    g, b, p = shape.accumulation, shape.micro_batch_size, model.num_params
-    ring = (n - 1) / n * p * w if n > 1 else 0.0
-
-    def calls(bucket: float | None) -> float:
-        if n <= 1:
-            return 0.0
-        return float(math.ceil(p / bucket)) if bucket and bucket < p else 1.0
-
-    reduce_calls = calls(shape.reduce_bucket_size)
-    gather_calls = calls(shape.allgather_bucket_size)
-    exposed_bytes = exposed_calls = overlap_bytes = overlap_calls = 0.0
-    if shape.stage == 0:
-        overlap_bytes, overlap_calls = 2 * ring, reduce_calls
-    elif shape.stage in (1, 2):
-        times = g if shape.stage == 2 else 1
-        volume = ring if shape.reduce_scatter or shape.stage == 2 else 2 * ring
-        overlap_bytes, overlap_calls = times * volume, times * reduce_calls
-        exposed_bytes, exposed_calls = ring, gather_calls
-    else:  # stage 3: gathers for forward and backward, prefetched under compute
-        fetch_calls = calls(shape.prefetch_bucket_size)
-        overlap_bytes = 3 * g * ring
-        overlap_calls = g * (2 * fetch_calls + reduce_calls)
-    if not shape.overlap_comm and shape.stage < 3:
-        exposed_bytes, exposed_calls = exposed_bytes + overlap_bytes, exposed_calls + overlap_calls
-        overlap_bytes = overlap_calls = 0.0
-    copy_bytes = {0: 0.0, 1: 2.0, 2: g + 1.0, 3: 3.0 * g}[shape.stage] * p * w
-    shard = p / n if shape.stage >= 1 else float(p)
-    host = shard if shape.offload_optimizer else 0.0
-    return [
-        float(g),
-        g * b * model.flops_per_sample,
-        g * model.flops_per_sample,
-        exposed_bytes,
-        exposed_calls,
-        overlap_bytes,
-        overlap_calls,
-        copy_bytes,
-        0.0 if shape.offload_optimizer else shard,
-        host,
-        host * (4 + w),
-        1.0 if topology.spans_nodes else 0.0,
-        float(g) if shape.stage == 3 else 0.0,
-    ]
-
-
-def _values(u: np.ndarray) -> np.ndarray:
-    """Constants from their transformed values (``u``: one row per parameter set)."""
-    return np.where(_LOGIT, 1.0 / (1.0 + np.exp(-u)), np.exp(u))
-
-
-def _step_time(u: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Seconds per optimizer step of every row, for each parameter set in ``u`` (one row of
-    constants, or several): shape ``(sets, rows)``, or ``(rows,)`` for one set."""
-    v = _values(np.atleast_2d(u))
-    col = {name: rows[:, i][None, :] for name, i in _C.items()}
-    k = {name: v[:, i][:, None] for name, i in _INDEX.items()}
-    bandwidth = np.where(col["spans_nodes"] > 0, k["network_bandwidth"], k["node_bandwidth"])
-    exposed = col["exposed_bytes"] / bandwidth + col["exposed_calls"] * k["collective_latency"]
-    overlap = col["overlap_bytes"] / bandwidth + col["overlap_calls"] * k["collective_latency"]
-    seconds = (
-        (col["samples_flops"] + col["flops"] * k["half_rate_micro_batch"]) / k["flop_rate"]
-        + exposed
-        + (1.0 - k["hidden_fraction"]) * overlap
-        + col["copy_bytes"] / k["copy_bandwidth"]
-        + col["update_params"] * k["update_time_per_param"]
-        + col["host_params"] * k["host_update_time_per_param"]
-        + col["host_bytes"] / k["host_bandwidth"]
-        + col["micro_steps"] * k["micro_step_overhead"]
-        + col["gather_micro_steps"] * k["gather_overhead"]
-        + k["step_overhead"]
-    )
-    return seconds[0] if u.ndim == 1 else seconds
-
-
-@dataclass(frozen=True)
 class Prior:
     """Where the constants start: each one's transformed value and the standard deviation of
-    that guess (in natural-log units for the rates: ``log(3)`` is "within a factor of 3")."""
+    that guess (in natural-log units for the rates: ``log(3)`` is "within a factor of 3"),
+    what a fit starts from.
+
+    ``misfit`` is how far a prediction from these constants alone lands from a measurement
+    (relative): the calibration's residual on the published tables where the means are
+    calibrated (``calibrated``), the default guess elsewhere. A prediction before anything
+    ran carries that, not the width of the fit's starting guess.
+    """
 
     mean: tuple[float, ...]
     sd: tuple[float, ...]
     hardware: str = ""
+    misfit: float = PRIOR_MISFIT_UNMEASURED
+    calibrated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mean": list(self.mean), "sd": list(self.sd), "hardware": self.hardware}
+        return {
+            "mean": list(self.mean),
+            "sd": list(self.sd),
+            "hardware": self.hardware,
+            "misfit": self.misfit,
+            "calibrated": self.calibrated,
+        }
+
+
+def _transform(constant: Constant, value: float) -> float:
+    return math.log(value / (1 - value)) if constant.transform == "logit" else math.log(value)
 
 
 def prior_for(hardware: Hardware, topology: Topology) -> Prior:
-    """The datasheet's guess at each constant (what a run typically achieves of its peaks).
+    """The datasheet's figures times what published runs achieved of them: the calibration
+    (:func:`autotune.tuner.calibration.calibrated_ratios`) for a GPU, broad guesses for CPU
+    ranks (or where no calibration is installed). The widths stay broad either way: they
+    are how far one run's software may sit from the published ones, which its fit finds out.
 
     Example:
         >>> from autotune.tuner.hardware import CATALOG
         >>> prior = prior_for(CATALOG["v100-32gb"], Topology(16, 16, "fp16"))
-        >>> f"{math.exp(prior.mean[0]):.3g}"  # a third of the fp16 tensor-core peak
-        '4.17e+13'
+        >>> prior.calibrated, 0.1 < math.exp(prior.mean[0]) / 125e12 < 0.6  # of the peak
+        (True, True)
     """
     cpu = hardware.name == CPU_RANK.name
-    wide = math.log(10.0)
-    guesses = {
-        "flop_rate": (hardware.flops(topology.precision) / 3, math.log(4.0 if cpu else 3.0)),
-        "half_rate_micro_batch": (0.5 if cpu else 1.0, math.log(4.0)),
-        "node_bandwidth": (0.8 * hardware.intra_node_bandwidth, math.log(3.0)),
-        "network_bandwidth": (0.8 * hardware.inter_node_bandwidth, math.log(3.0)),
-        "hidden_fraction": (0.5, 1.5),
-        "collective_latency": (5e-5 if cpu else 2e-5, math.log(5.0)),
-        "copy_bandwidth": (0.5 * hardware.memory_bandwidth, math.log(3.0)),
-        # Adam reads and writes about 28 bytes a parameter (parameter, gradient, two states,
-        # fp32 master under mixed precision).
-        "update_time_per_param": (28.0 / hardware.memory_bandwidth, math.log(3.0)),
-        "host_update_time_per_param": (1.0 / hardware.host_update_rate, math.log(3.0)),
-        "host_bandwidth": (0.7 * hardware.host_bandwidth, math.log(3.0)),
-        "micro_step_overhead": (2e-3 if cpu else 1e-3, wide),
-        # Module hooks, the fetch order, parameters released: a few milliseconds a step.
-        "gather_overhead": (5e-3, wide),
-        "step_overhead": (5e-3 if cpu else 3e-3, wide),
-    }
+    guesses = uncalibrated_guess(cpu)
+    calibrated = None if cpu else calibrated_ratios(hardware.name, topology.precision)
+    basis = datasheet_basis(hardware, topology.precision)
     mean, sd = [], []
     for constant in CONSTANTS:
-        value, spread = guesses[constant.name]
-        mean.append(
-            math.log(value / (1 - value)) if constant.transform == "logit" else math.log(value)
-        )
+        ratio, spread = guesses[constant.name]
+        if calibrated is not None:
+            ratio = calibrated.ratios[constant.name]
+        value = basis[constant.name] * ratio
+        mean.append(_transform(constant, value))
         sd.append(spread)
-    return Prior(tuple(mean), tuple(sd), hardware.name)
+    if calibrated is None:
+        return Prior(tuple(mean), tuple(sd), hardware.name)
+    return Prior(tuple(mean), tuple(sd), hardware.name, calibrated.misfit, calibrated=True)
 
 
 @dataclass(frozen=True)
@@ -356,23 +200,26 @@ class CostModel:
 
     @classmethod
     def from_prior(cls, prior: Prior) -> CostModel:
-        """The model before anything ran: the prior itself."""
+        """The model before anything ran: the prior itself. A calibrated prior's doubt is how
+        far its predictions landed from the published tables (its misfit); an uncalibrated
+        one's, the width of each guess."""
+        spread = () if prior.calibrated else prior.sd
         return cls(
             u=prior.mean,
             covariance=tuple(
-                tuple(sd * sd if i == j else 0.0 for j in range(len(prior.sd)))
+                tuple(sd * sd if i == j and spread else 0.0 for j in range(len(prior.sd)))
                 for i, sd in enumerate(prior.sd)
             ),
             noise=PRIOR_NOISE,
-            misfit_measured=PRIOR_MISFIT_UNMEASURED,
-            misfit_unmeasured=PRIOR_MISFIT_UNMEASURED,
+            misfit_measured=prior.misfit,
+            misfit_unmeasured=prior.misfit,
             prior=prior,
         )
 
     @property
     def constants(self) -> dict[str, float]:
         """Each constant's fitted value, in its unit."""
-        return dict(zip(NAMES, _values(np.array(self.u)).tolist(), strict=True))
+        return dict(zip(NAMES, transformed_values(np.array(self.u)).tolist(), strict=True))
 
     def relative_sd(self) -> dict[str, float]:
         """Each constant's uncertainty: the standard deviation of its log (about its relative
@@ -384,7 +231,7 @@ class CostModel:
         transformed constants (rows × constants): how two predictions' errors go together
         is ``g1 @ covariance @ g2``."""
         u = np.array(self.u)
-        seconds = _step_time(u, rows)
+        seconds = step_seconds(u, rows)
         return np.log(seconds), _log_jacobian(u, rows, seconds)
 
     def predict(self, rows: Sequence[Sequence[float]], variants: Sequence[str]) -> list[Prediction]:
@@ -393,7 +240,7 @@ class CostModel:
             return []
         matrix = np.asarray(rows, dtype=float)
         u = np.array(self.u)
-        mean = _step_time(u, matrix)
+        mean = step_seconds(u, matrix)
         jac = _log_jacobian(u, matrix, mean)
         cov = np.array(self.covariance)
         var = np.einsum("ij,jk,ik->i", jac, cov, jac)
@@ -419,7 +266,7 @@ class CostModel:
                     "value": value,
                     "unit": c.unit,
                     "log_sd": sd[c.name],
-                    "prior": float(_values(np.array(self.prior.mean))[i]),
+                    "prior": float(transformed_values(np.array(self.prior.mean))[i]),
                     "description": c.description,
                 }
                 for i, (c, value) in enumerate(zip(CONSTANTS, self.constants.values(), strict=True))
@@ -436,14 +283,30 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
+        """The model :meth:`to_dict` wrote.
+
+        Raises:
+            ValueError: it was fitted with other constants (an earlier version of the model).
+        """
         prior = data["prior"]
+        if len(data["u"]) != len(NAMES) or len(prior["mean"]) != len(NAMES):
+            raise ValueError(
+                f"fitted with {len(data['u'])} constants; this cost model has {len(NAMES)} "
+                "(an earlier version fitted it)"
+            )
         return cls(
             u=tuple(float(x) for x in data["u"]),
             covariance=tuple(tuple(float(x) for x in row) for row in data["covariance"]),
             noise=float(data["noise"]),
             misfit_measured=float(data["misfit_measured"]),
             misfit_unmeasured=float(data["misfit_unmeasured"]),
-            prior=Prior(tuple(prior["mean"]), tuple(prior["sd"]), prior.get("hardware", "")),
+            prior=Prior(
+                tuple(prior["mean"]),
+                tuple(prior["sd"]),
+                prior.get("hardware", ""),
+                float(prior.get("misfit", PRIOR_MISFIT_UNMEASURED)),
+                bool(prior.get("calibrated", False)),
+            ),
             num_observations=int(data.get("num_observations", 0)),
             measured_variants=frozenset(data.get("measured_variants", ())),
         )
@@ -453,7 +316,7 @@ class CostModel:
         have measured, e.g. the network for a run on one node)."""
         u, cov = list(self.u), [list(row) for row in self.covariance]
         for name in names:
-            i = _INDEX[name]
+            i = NAMES.index(name)
             u[i] = prior.mean[i]
             for j in range(len(u)):
                 cov[i][j] = cov[j][i] = 0.0
@@ -468,7 +331,7 @@ def _log_jacobian(u: np.ndarray, rows: np.ndarray, seconds: np.ndarray) -> np.nd
     for i in range(len(u)):
         shifted[2 * i, i] += step
         shifted[2 * i + 1, i] -= step
-    times = _step_time(shifted, rows)  # (2k, rows)
+    times = step_seconds(shifted, rows)  # (2k, rows)
     logs = np.log(np.maximum(times, 1e-300))
     return ((logs[0::2] - logs[1::2]) / (2 * step)).T
 
@@ -513,7 +376,7 @@ def fit(observations: Sequence[Observation], prior: Prior, max_iterations: int =
     mean0, sd0 = np.array(prior.mean), np.array(prior.sd)
 
     def residuals(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        seconds = _step_time(u, rows)
+        seconds = step_seconds(u, rows)
         data = (np.log(seconds) - target) * weights
         return np.concatenate([data, (u - mean0) / sd0]), seconds
 

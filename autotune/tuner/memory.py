@@ -15,11 +15,19 @@ rank), stage 2 two (plus the gradients' staging bucket), and stage 3 did not fit
 formula alone said 33 samples would: it also gathers parameters, up to
 ``stage3_max_live_parameters``.
 
+DeepSpeed allocates its buckets whole, whatever the model's size: stage 2's gradients are
+copied into a buffer of ``reduce_bucket_size`` elements (two with ``overlap_comm``), stage 3
+reduces through one too. With its default 5e8 elements that is 1 GB in fp16, which is why
+DeepSpeed's GPT2 run fit 15 samples a GPU at stage 1 and failed at 15 at stage 2.
+
 Activations are what backward holds at its peak, per sample: the tensors saved for it plus
-the gradients in flight (:class:`~autotune.profiling.model_info.ModelInfo`). On an H100 (one
-rank, NCCL, a 17M-parameter GPT with an 8192-token vocabulary) the saved tensors alone were
-28% short of the allocator's slope; with the gradients in flight the estimate came within a
-few percent at every stage (``results/gpu/``).
+the gradients in flight (:class:`~autotune.profiling.model_info.ModelInfo`), in the
+training precision, with or without activation checkpointing. On an H100 (one rank, NCCL, a
+17M-parameter GPT with an 8192-token vocabulary) the saved tensors alone were 28% short of
+the allocator's slope; with the gradients in flight the estimate came within a few percent
+at every stage (``results/gpu/``). On an H200, a 406M GPT in bf16: 1.17 GB a sample counted
+(attention as a fused kernel keeps it) against 1.12 GB measured, 0.36 against 0.36 with
+checkpointing (``results/landscapes/gpu-20261127``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotune.config import EngineName
 from autotune.config.sizes import format_size, format_sizes_apart
 from autotune.model_states import model_state_bytes, optimizer_state_floats
 
@@ -94,12 +103,14 @@ def estimate_memory(
     offload_optimizer: bool,
     budget_bytes: int,
     margin_fraction: float = DEFAULT_MARGIN_FRACTION,
+    activation_checkpointing: bool = False,
 ) -> MemoryEstimate:
     """The per-rank memory estimate of ``config`` run at ``stage``.
 
-    Reads precision, optimizer, world size and ``autotuning.mp_size`` from the config.
-    Parameters are split over ``mp_size`` model-parallel ranks; activations are taken as
-    measured (in the model's own dtype), which overestimates them under fp16/bf16.
+    Reads precision, optimizer, world size, ``autotuning.mp_size`` and the engine from the
+    config. Parameters are split over ``mp_size`` model-parallel ranks; activations are
+    taken as measured (``model_info`` counts them in the training precision), with
+    activation checkpointing where asked.
 
     Example:
         >>> from autotune.config import load_config
@@ -121,7 +132,10 @@ def estimate_memory(
     )
     return MemoryEstimate(
         model_states_bytes=states.total,
-        activation_bytes_per_sample=model_info.step_bytes_per_sample,
+        # Checkpointed activations not measured (a script's model): the plain ones bound them.
+        activation_bytes_per_sample=model_info.step_bytes(
+            activation_checkpointing and model_info.can_checkpoint
+        ),
         budget_bytes=budget_bytes,
         margin_fraction=margin_fraction,
         buffer_bytes=buffer_bytes(model_info, config, stage),
@@ -144,11 +158,19 @@ def buffer_bytes(model_info: ModelInfo, config: Config, stage: int) -> int:
     zero = config.zero_optimization
     weight = model_info.param_bytes / max(1, model_info.num_params)
     num_params = model_info.num_params // config.autotuning.mp_size
+    gathered = min(_elements(zero.stage3_max_live_parameters), num_params) if stage == 3 else 0
+    if config.autotuning.engine is EngineName.deepspeed:
+        # Whole buckets, as DeepSpeed allocates them (see the module docstring).
+        size = zero.reduce_bucket_size
+        # "auto" (the HF Trainer's fill-in) is unknown here: at most the model's size.
+        bucket = _elements(size) if isinstance(size, int | float) else num_params
+        copies = 2 if zero.overlap_comm is True else 1
+        buckets = {0: 0, 1: 0, 2: copies, 3: 1}[stage]
+        return int(weight * (buckets * bucket + gathered))
     bucket = min(_elements(zero.reduce_bucket_size), num_params)
     staging = 1 if stage >= 2 else 0  # gradients gathered into a bucket before they reduce
     exchange = 1 if stage >= 1 and config.world_size > 1 else 0  # gloo's receive buffer
     buckets = staging + exchange
-    gathered = min(_elements(zero.stage3_max_live_parameters), num_params) if stage == 3 else 0
     return int(weight * (buckets * bucket + gathered))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config
@@ -47,6 +47,7 @@ class PlannedConfig:
         memory_bytes: estimated peak memory per GPU.
         fits: whether that fits in the device's memory (with the estimate's margin).
         knobs: other keys this configuration sets (dotted keys).
+        activation_checkpointing: whether the model recomputes its activations in backward.
     """
 
     name: str
@@ -62,6 +63,7 @@ class PlannedConfig:
     memory_bytes: int
     fits: bool
     knobs: Mapping[str, Any] = field(default_factory=dict)
+    activation_checkpointing: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class PlannedConfig:
             "memory_bytes": self.memory_bytes,
             "fits": self.fits,
             "knobs": dict(self.knobs),
+            "activation_checkpointing": self.activation_checkpointing,
         }
 
 
@@ -116,7 +119,7 @@ def plan(
     data_parallel = max(1, config.world_size // config.autotuning.mp_size)
     topology = Topology(data_parallel, min(ranks_per_node, data_parallel), config.precision)
     model = cost_model or CostModel.from_prior(prior_for(hardware, topology))
-    shape = ModelShape(model_info.num_params, model_info.flops_per_sample)
+    shape = ModelShape.from_info(model_info)
     rows: list[PlannedConfig] = []
     for plan_ in space.plans:
         dims = [key for key, _ in plan_.knobs]
@@ -141,8 +144,15 @@ def plan(
     for stage in sorted({int(label[1]) for label in space.pruned if label[1:].isdigit()}):
         if stage in planned:
             continue
-        variant = Variant(stage)
-        estimate = estimate_memory(model_info, config, stage, False, budget)
+        variant = Variant(stage, activation_checkpointing=config.activation_checkpointing.enabled)
+        estimate = estimate_memory(
+            model_info,
+            config,
+            stage,
+            False,
+            budget,
+            activation_checkpointing=variant.activation_checkpointing,
+        )
         smallest = min(plan_.ladder[0] for plan_ in space.plans) if space.plans else 1
         rows += _predict(
             config,
@@ -194,7 +204,17 @@ def _predict(
     estimate: Any,
 ) -> list[PlannedConfig]:
     sizes = list(sizes)
-    shapes = [step_shape(config, values, variant, size) for size in sizes]
+    threshold = values.get("zero_optimization.stage3_param_persistence_threshold")
+    shapes = [
+        replace(
+            step_shape(config, values, variant, size),
+            activation_checkpointing=variant.activation_checkpointing,
+            param_persistence_threshold=float(threshold)
+            if isinstance(threshold, int | float) and not isinstance(threshold, bool)
+            else None,
+        )
+        for size in sizes
+    ]
     predictions = model.predict(
         [step_counts(shape, s, topology) for s in shapes], [variant.label] * len(shapes)
     )
@@ -220,6 +240,7 @@ def _predict(
                 memory_bytes=int(memory),
                 fits=estimate.fits(size) if estimate is not None else True,
                 knobs=dict(knobs),
+                activation_checkpointing=variant.activation_checkpointing,
             )
         )
     return rows

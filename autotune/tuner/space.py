@@ -36,6 +36,7 @@ from autotune.config.keys import get_field, get_key
 from autotune.config.knobs import (
     ACCUMULATION_KEY,
     ALL_STAGES,
+    CHECKPOINTING_KEY,
     KNOB_BY_KEY,
     KNOBS,
     MICRO_BATCH_KEY,
@@ -100,15 +101,21 @@ def _nice(value: int, up: bool) -> int:
 
 @dataclass(frozen=True, order=True)
 class Variant:
-    """A ZeRO stage, with or without the optimizer offloaded to CPU: what memory decides on."""
+    """A ZeRO stage, with or without the optimizer offloaded to CPU, with or without
+    activation checkpointing: what memory decides on."""
 
     stage: int
     offload_optimizer: bool = False
+    activation_checkpointing: bool = False
 
     @property
     def label(self) -> str:
-        """``z2``, or ``z2_ocpu`` with the optimizer offloaded."""
-        return f"z{self.stage}" + ("_ocpu" if self.offload_optimizer else "")
+        """``z2``, ``z2_ocpu`` with the optimizer offloaded, ``z2_ac`` checkpointed."""
+        return (
+            f"z{self.stage}"
+            + ("_ocpu" if self.offload_optimizer else "")
+            + ("_ac" if self.activation_checkpointing else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -288,7 +295,8 @@ def build_space(
         ((1, 2, 3), 1024)
     """
     searched = config.search_space
-    fixed = {k: v[0] for k, v in searched.items() if k not in (STAGE_KEY, MICRO_BATCH_KEY)}
+    own_axes = (STAGE_KEY, MICRO_BATCH_KEY, CHECKPOINTING_KEY)
+    fixed = {k: v[0] for k, v in searched.items() if k not in own_axes}
     base = {**_current_values(config), **fixed}
     user_offload = config.zero_optimization.optimizer_offload_device is OffloadDevice.cpu
     sizes, user_chose_sizes = micro_batch_sizes(config)
@@ -296,22 +304,36 @@ def build_space(
 
     plans: list[VariantPlan] = []
     pruned: dict[str, str] = {}
-    for stage in _stages(config):
-        variant = Variant(stage, user_offload)
+    for stage, checkpointed in (
+        (stage, ckpt) for stage in _stages(config) for ckpt in _checkpointing(config)
+    ):
+        variant = Variant(stage, user_offload, checkpointed)
         estimate = None
         if model_info is not None and device_memory_bytes is not None:
             estimate = estimate_memory(
-                model_info, config, stage, user_offload, device_memory_bytes, margin_fraction
+                model_info,
+                config,
+                stage,
+                user_offload,
+                device_memory_bytes,
+                margin_fraction,
+                checkpointed,
             )
             # Pruning is final, so it goes by the model states alone (the ZeRO formulas, which
             # hold); the buffers, calibrated on one engine, only move the start and the order.
             if not _states_fit(estimate, sizes[0]) and not user_offload and stage > 0:
                 offloaded = estimate_memory(
-                    model_info, config, stage, True, device_memory_bytes, margin_fraction
+                    model_info,
+                    config,
+                    stage,
+                    True,
+                    device_memory_bytes,
+                    margin_fraction,
+                    checkpointed,
                 )
                 if _states_fit(offloaded, sizes[0]):
                     pruned[variant.label] = f"{estimate.explain(sizes[0])}; offloading instead"
-                    variant, estimate = Variant(stage, True), offloaded
+                    variant, estimate = Variant(stage, True, checkpointed), offloaded
             if not _states_fit(estimate, sizes[0]):
                 pruned[variant.label] = estimate.explain(sizes[0])
                 continue
@@ -349,6 +371,8 @@ def _overrides(
     result = {**fixed, STAGE_KEY: variant.stage, MICRO_BATCH_KEY: micro_batch_size}
     if variant.offload_optimizer:
         result[OFFLOAD_KEY] = OffloadDevice.cpu.value
+    if variant.activation_checkpointing:
+        result[CHECKPOINTING_KEY] = True
     return {**result, **knobs}
 
 
@@ -399,6 +423,15 @@ def halving_chain(sizes: tuple[int, ...], start: int) -> tuple[int, ...]:
     while below := [s for s in sizes if s <= chain[-1] // 2]:
         chain.append(max(below))
     return tuple(sorted(chain))
+
+
+def _checkpointing(config: Config) -> tuple[bool, ...]:
+    """Activation checkpointing off, on, or both where the config lists both (off first: it
+    is faster wherever the model fits without it)."""
+    listed = config.search_space.get(CHECKPOINTING_KEY)
+    if listed:
+        return tuple(sorted(listed))
+    return (config.activation_checkpointing.enabled,)
 
 
 def _stages(config: Config) -> tuple[int, ...]:
@@ -466,7 +499,10 @@ def _prefer_current(
 
 def _current_values(config: Config) -> dict[str, Any]:
     """The config's value at every key a candidate may set."""
-    values: dict[str, Any] = {OFFLOAD_KEY: config.zero_optimization.optimizer_offload_device.value}
+    values: dict[str, Any] = {
+        OFFLOAD_KEY: config.zero_optimization.optimizer_offload_device.value,
+        CHECKPOINTING_KEY: config.activation_checkpointing.enabled,
+    }
     for knob in KNOBS:
         if knob.per_stage:
             values[knob.key] = get_field(config, knob.key)

@@ -22,7 +22,11 @@ class Workload:
         make_batch: ``make_batch(micro_batch_size, generator)`` returns the tuple of positional
             inputs for one micro-batch. Built-in workloads create their tensors on
             ``generator.device``, so a CUDA generator gives CUDA inputs.
+        activation_checkpointing: switches the model's activation checkpointing on (True)
+            or off, where the workload can: ``autotune plan`` measures both ways on one
+            model instead of building it twice. None: it cannot.
     """
 
     model: nn.Module
     make_batch: MakeBatch
+    activation_checkpointing: Callable[[bool], None] | None = None

@@ -214,4 +214,7 @@ def build_gpt(
         # Next-token targets; random tokens make the loss start (and stay) near log(vocab).
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    return Workload(model=model, make_batch=make_batch)
+    def set_checkpointing(on: bool) -> None:
+        model.cfg = replace(model.cfg, activation_checkpointing=on)
+
+    return Workload(model=model, make_batch=make_batch, activation_checkpointing=set_checkpointing)

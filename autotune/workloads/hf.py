@@ -62,7 +62,13 @@ def _head_class(transformers: Any, config: Any, head: str | None) -> tuple[str, 
 
 
 def build_hf(
-    model_type: str, seq_len: int = 128, head: str | None = None, **overrides: Any
+    model_type: str,
+    seq_len: int = 128,
+    head: str | None = None,
+    activation_checkpointing: bool = False,
+    attn_implementation: str | None = None,
+    extra_config: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> Workload:
     """The ``hf:<model_type>`` workload: a ``transformers`` model with random weights.
 
@@ -72,6 +78,13 @@ def build_hf(
         seq_len: tokens per sample (at most the config's position limit).
         head: ``causal_lm``, ``masked_lm`` or ``sequence_classification``; default the first
             the architecture has, in that order.
+        activation_checkpointing: recompute each layer's activations in backward
+            (``gradient_checkpointing_enable``, non-reentrant, as the Trainer's
+            ``--gradient_checkpointing`` does).
+        attn_implementation: ``eager``, ``sdpa``, ... (default: the library's choice); older
+            transformers ran every model eagerly, keeping each layer's attention scores.
+        extra_config: config fields set as given, unchecked: those an architecture reads
+            without declaring them (DeBERTa-v2's ``position_buckets``, ``share_att_key``).
         **overrides: fields of the model's config (``n_layer=4``, ``num_hidden_layers=2``,
             ``vocab_size=8192``); dropouts default to 0 here so steps are comparable.
 
@@ -102,12 +115,36 @@ def build_hf(
         if isinstance(token, int) and token >= vocab:
             fields[key] = vocab - 1
     transformers.logging.set_verbosity_error()  # "add is_decoder", "loss_type=None", ...
-    config = transformers.AutoConfig.for_model(model_type, **{**fields, **overrides})
+    config = transformers.AutoConfig.for_model(
+        model_type, **{**fields, **overrides, **(extra_config or {})}
+    )
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if limit is not None and seq_len > limit:
         raise WorkloadError(f"seq_len {seq_len} exceeds the model's {limit} positions")
+    if not isinstance(activation_checkpointing, bool):
+        raise WorkloadError(
+            f"activation_checkpointing must be true or false, got {activation_checkpointing!r}"
+        )
     head_name, auto_class = _head_class(transformers, config, head)
-    model = _LossOnly(auto_class.from_config(config))
+    chosen = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    try:
+        inner = auto_class.from_config(config, **chosen)
+    except ValueError as exc:  # an attention implementation the architecture lacks
+        raise WorkloadError(str(exc).splitlines()[0]) from exc
+    model = _LossOnly(inner)
+    if activation_checkpointing and not getattr(inner, "supports_gradient_checkpointing", False):
+        raise WorkloadError(f"model type {model_type!r} cannot checkpoint activations")
+
+    def set_checkpointing(on: bool) -> None:
+        if on:
+            inner.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        else:
+            inner.gradient_checkpointing_disable()
+
+    if activation_checkpointing:
+        set_checkpointing(True)
     num_labels = int(getattr(config, "num_labels", 2))
 
     def make_batch(micro_batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -120,7 +157,8 @@ def build_hf(
             return (idx, labels)
         return (idx, idx)
 
-    return Workload(model=model, make_batch=make_batch)
+    switch = set_checkpointing if getattr(inner, "supports_gradient_checkpointing", False) else None
+    return Workload(model=model, make_batch=make_batch, activation_checkpointing=switch)
 
 
 _DROPOUTS = (

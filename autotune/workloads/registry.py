@@ -108,8 +108,9 @@ def _as_workload(spec: str, result: object) -> Workload:
         "expected an object with .model (an nn.Module) and .make_batch(micro_batch_size, "
         "generator), or a tuple (model, make_batch)"
     )
+    switch = None
     if isinstance(result, Workload):
-        model, make_batch = result.model, result.make_batch
+        model, make_batch, switch = result.model, result.make_batch, result.activation_checkpointing
     elif isinstance(result, tuple):
         if len(result) != 2:
             raise WorkloadError(f"workload {spec!r}: returned a tuple of {len(result)}; {expected}")
@@ -126,7 +127,7 @@ def _as_workload(spec: str, result: object) -> Workload:
         raise WorkloadError(
             f"workload {spec!r}: its make_batch is {type(make_batch).__name__}, not callable"
         )
-    return Workload(model=model, make_batch=make_batch)
+    return Workload(model=model, make_batch=make_batch, activation_checkpointing=switch)
 
 
 def _build(spec: str, factory: Callable[..., Any], args: Mapping[str, Any], seed: int) -> Workload:

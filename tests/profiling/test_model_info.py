@@ -104,3 +104,42 @@ def test_checkpointing_keeps_only_the_blocks_inputs() -> None:
     # A block keeps its input (seq_len x d_model floats), the head its logits as before.
     kept = SMALL["n_layer"] * SMALL["seq_len"] * SMALL["d_model"] * 4
     assert checkpointed.activation_bytes_per_sample > kept + SMALL["seq_len"] * SMALL["vocab"] * 4
+
+
+def test_on_meta_attention_is_counted_as_a_gpus_fused_kernel_keeps_it() -> None:
+    args = {**SMALL, "seq_len": 1024}
+    with torch.device("meta"):
+        workload = resolve_workload("gpt", args)
+    info = model_info_on_meta(workload, "bf16", workload.activation_checkpointing)
+    # The math path would keep each layer's heads x seq x seq scores (fp32): more than all
+    # a fused kernel keeps of the whole model.
+    scores = args["n_layer"] * args["n_head"] * args["seq_len"] ** 2 * 4
+    assert info.activation_bytes_per_sample < scores
+    # bf16: two bytes an activation (the logits' cross-entropy keeps a few in fp32).
+    fp32 = model_info_on_meta(resolve_on_meta("gpt", args), "fp32")
+    assert info.activation_bytes_per_sample < 0.6 * fp32.activation_bytes_per_sample
+    # Checkpointed: fewer bytes, the blocks' forward again in FLOPs (attention included).
+    assert info.checkpointed_activation_bytes_per_sample is not None
+    assert info.checkpointed_activation_bytes_per_sample < info.activation_bytes_per_sample / 2
+    assert 0.15 < info.recompute_flops_per_sample / info.flops_per_sample < 0.4
+    assert info.flops_per_sample == fp32.flops_per_sample
+    assert info.num_param_tensors == len(list(workload.model.parameters()))
+    assert len(info.module_param_counts) == 2 + 6 * args["n_layer"] + 2
+
+
+def resolve_on_meta(spec: str, args: dict[str, int]) -> Workload:
+    with torch.device("meta"):
+        return resolve_workload(spec, args)
+
+
+def test_real_model_info_measures_checkpointing_through_the_workloads_switch() -> None:
+    workload = resolve_workload("gpt", SMALL)
+    info = model_info(workload, 1, workload.activation_checkpointing)
+    checkpointed = model_info(resolve_workload("gpt", {**SMALL, "activation_checkpointing": True}))
+    assert info.checkpointed_activation_bytes_per_sample == (
+        checkpointed.activation_bytes_per_sample
+    )
+    assert info.recompute_flops_per_sample == pytest.approx(
+        checkpointed.flops_per_sample - info.flops_per_sample
+    )
+    assert not workload.model.cfg.activation_checkpointing  # switched back off

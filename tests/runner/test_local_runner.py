@@ -146,3 +146,25 @@ def test_the_in_process_runner_measures_one_rank_here_and_an_oom_leaves_it_usabl
     assert result.timings.total_s >= result.timings.window_s > 0
     with pytest.raises(ConfigError, match="world_size"):
         runner.run(spec("two", world_size=2))
+
+
+def test_the_experiments_config_switches_the_workloads_checkpointing_on() -> None:
+    config = {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 1},
+        "activation_checkpointing": {"enabled": True},
+    }
+    runner = InProcessRunner()
+    plain = runner.run(
+        spec("plain", ds_config={**config, "activation_checkpointing": {}}, world_size=1)
+    )
+    checkpointed = runner.run(spec("ckpt", ds_config=config, world_size=1))
+    assert plain.status is checkpointed.status is Status.ok, checkpointed.error_detail
+    assert plain.metrics is not None and checkpointed.metrics is not None
+    # The recompute: the blocks' forward again.
+    assert checkpointed.metrics.flops_per_step > 1.1 * plain.metrics.flops_per_step
+    unable = runner.run(spec("mlp", "mlp", {}, ds_config=config, world_size=1))
+    assert unable.status is Status.error and "checkpointing" in (unable.error or "")

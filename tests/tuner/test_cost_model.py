@@ -25,9 +25,11 @@ from autotune.tuner.hardware import CATALOG
 
 MODEL = ModelShape(num_params=1_300_000_000, flops_per_sample=6 * 1.3e9 * 1024)
 TOPOLOGY = Topology(world_size=8, ranks_per_node=8, precision="bf16")
-# What the fit can see from step times on one node without offloading: the compute rate and
-# its rise with the micro-batch, the node's bandwidth, the overhead per step.
-IDENTIFIABLE = ("flop_rate", "half_rate_micro_batch", "node_bandwidth")
+# What the fit can see from step times on one node without offloading: the compute rate,
+# the node's bandwidth, and (less sharply: a third of a sample as calibrated, it shows only
+# at the smallest micro-batches) the compute rate's rise with the micro-batch.
+IDENTIFIABLE = ("flop_rate", "node_bandwidth")
+SEEN = (*IDENTIFIABLE, "half_rate_micro_batch")
 
 
 def synthetic(true_u: np.ndarray, noise: float, seed: int) -> list[Observation]:
@@ -73,12 +75,15 @@ def test_the_fit_recovers_the_constants_step_times_can_tell(seed: int) -> None:
     truth = {name: math.exp(u) for name, u in zip(NAMES, true_u, strict=True)}
     for name in IDENTIFIABLE:
         assert model.constants[name] == pytest.approx(truth[name], rel=0.25), name
-        # Its stated uncertainty covers the error, and is far below the prior's.
+    for name in SEEN:
+        # Its stated uncertainty covers the error.
         error = abs(math.log(model.constants[name] / truth[name]))
         assert error <= 3 * model.relative_sd()[name] + 0.05, name
-    # Compute dominates these steps: its constants are pinned, the bandwidth less so.
-    for name in ("flop_rate", "half_rate_micro_batch"):
-        assert model.relative_sd()[name] < prior.sd[NAMES.index(name)] / 2, name
+    # Compute dominates these steps: its rate is pinned; the micro-batch of half that rate
+    # (a third of a sample, as calibrated) shows only in the smallest, so it is less so.
+    assert model.relative_sd()["flop_rate"] < prior.sd[NAMES.index("flop_rate")] / 2
+    name = "half_rate_micro_batch"
+    assert model.relative_sd()[name] < prior.sd[NAMES.index(name)]
 
 
 def test_without_measurements_the_prior_is_the_model_and_its_uncertainty_is_wide() -> None:

@@ -87,11 +87,23 @@ def test_more_memory_fits_larger_micro_batches_and_sharding_fits_more(tmp_path: 
 
 def test_a_hardware_file_with_the_catalog_fields_plans_the_same(tmp_path: Path) -> None:
     path = tmp_path / "mygpu.json"
-    path.write_text(json.dumps({**CATALOG["h100-80gb"].to_dict(), "name": "mygpu"}))
+    path.write_text(json.dumps(CATALOG["h100-80gb"].to_dict()))
     assert load_hardware(str(path)).memory_bytes == CATALOG["h100-80gb"].memory_bytes
     from_file = plan_json(tmp_path, "--hardware", str(path))
     from_catalog = plan_json(tmp_path, "--hardware", "h100-80gb")
     assert [r["name"] for r in from_file] == [r["name"] for r in from_catalog]
+
+
+def test_a_gpu_no_published_table_measured_is_planned_with_more_doubt(tmp_path: Path) -> None:
+    path = tmp_path / "mygpu.json"
+    path.write_text(json.dumps({**CATALOG["h100-80gb"].to_dict(), "name": "mygpu"}))
+    unknown = plan_json(tmp_path, "--hardware", str(path))[0]
+    known = plan_json(tmp_path, "--hardware", "h100-80gb")[0]
+
+    def width(row: dict) -> float:
+        return row["throughput_high"] / row["throughput_low"]
+
+    assert width(unknown) > width(known)
 
 
 @pytest.mark.parametrize(
@@ -145,3 +157,82 @@ def test_from_a_finished_run_predicts_with_its_fitted_constants(tmp_path: Path) 
     (run / "summary.json").write_text(json.dumps({"cost_model": None}))
     result = runner.invoke(app, ["plan", "--from", str(run)])
     assert result.exit_code == 2 and "not model_based" in result.stderr
+
+
+def test_with_checkpointing_listed_the_plan_says_what_fits_both_ways(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(
+        json.dumps(
+            {
+                **CONFIG,
+                "zero_optimization": {"stage": 3},
+                "activation_checkpointing": {"enabled": [False, True]},
+                "autotuning": {"max_train_micro_batch_size_per_gpu": 4096},
+            }
+        )
+    )
+    args = ["-a", "n_layer=8", "-a", "d_model=1024", "-a", "n_head=16", "-a", "seq_len=2048"]
+    result = runner.invoke(
+        app,
+        ["plan", "--config", str(config), *args, "--hardware", "a100-40gb", "--format", "json"],
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+
+    def largest(checkpointed: bool) -> int:
+        return max(
+            r["micro_batch_size"]
+            for r in rows
+            if r["fits"] and r["activation_checkpointing"] is checkpointed
+        )
+
+    assert largest(True) > 2 * largest(False)
+    # At the same micro-batch the recompute only costs.
+    plain = {r["micro_batch_size"]: r for r in rows if not r["activation_checkpointing"]}
+    for row in rows:
+        same = plain.get(row["micro_batch_size"])
+        if row["activation_checkpointing"] and same is not None:
+            assert row["throughput"] < same["throughput"]
+
+
+def test_a_run_that_measured_a_variant_narrows_its_interval(tmp_path: Path) -> None:
+    import torch
+
+    from autotune.profiling.model_info import model_info_on_meta
+    from autotune.tuner.cost_model import CostModel, Observation, Topology, fit, prior_for
+    from autotune.tuner.step_counts import ModelShape, StepShape, step_counts
+    from autotune.workloads import resolve_workload
+
+    topology = Topology(8, 8, "fp16")
+    prior = prior_for(CATALOG["a100-80gb"], topology)
+    with torch.device("meta"):
+        workload = resolve_workload("gpt", {"n_layer": 4})
+    shape = ModelShape.from_info(model_info_on_meta(workload, "fp16"))
+    # A run on a machine 30% slower than the calibration says, measured at stages 1 and 2.
+    truth = CostModel.from_prior(prior)
+    observations = []
+    for stage in (1, 2):
+        for micro in (16, 32, 64):
+            counts = step_counts(shape, StepShape(stage, micro), topology)
+            (predicted,) = truth.predict([counts], [f"z{stage}"])
+            observations.append(
+                Observation(
+                    tuple(counts),
+                    1.3 * predicted.latency_s,
+                    config=f"z{stage}_{micro}",
+                    variant=f"z{stage}",
+                )
+            )
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(
+        json.dumps({"cost_model": fit(observations, prior).to_dict()})
+    )
+
+    def width(rows: list[dict[str, object]], stage: int) -> float:
+        row = next(r for r in rows if r["zero_stage"] == stage and r["fits"])
+        return float(row["throughput_high"]) / float(row["throughput_low"])  # type: ignore[arg-type]
+
+    datasheet = plan_json(tmp_path, "--hardware", "a100-80gb")
+    measured = plan_json(tmp_path, "--from", str(run))
+    assert width(measured, 1) < width(datasheet, 1) and width(measured, 2) < width(datasheet, 2)

@@ -172,3 +172,27 @@ def test_names_are_readable_safe_and_only_show_what_changed() -> None:
     }
     assert candidate_name(overrides, base) == "z2_ocpu_mbs4_oc1"
     assert split_repeat("z2_mbs4_oc1_r3") == ("z2_mbs4_oc1", 3)
+
+
+def test_a_checkpointing_list_makes_variants_with_their_own_largest_micro_batch() -> None:
+    from autotune.profiling.model_info import ModelInfo
+
+    info = ModelInfo(
+        num_params=10**6,
+        param_bytes=4 * 10**6,
+        activation_bytes_per_sample=10**6,
+        flops_per_sample=1e9,
+        checkpointed_activation_bytes_per_sample=2 * 10**5,
+    )
+    config = load_config(
+        {"zero_optimization": {"stage": 1}, "activation_checkpointing": {"enabled": [True, False]}},
+        2,
+    )
+    space = build_space(config, info, 10**8)
+    plans = {plan.variant.activation_checkpointing: plan for plan in space.plans}
+    assert [p.variant.label for p in space.plans] == ["z1", "z1_ac"]  # off first
+    assert plans[True].start > 3 * plans[False].start
+    overrides = space.overrides(plans[True].variant, 4)
+    assert overrides["activation_checkpointing.enabled"] is True
+    assert space.name(overrides) == "z1_mbs4_ac1"
+    assert "activation_checkpointing.enabled" not in space.overrides(plans[False].variant, 4)
