@@ -59,6 +59,8 @@ class ExperimentSpec:
             even the fastest timed step so far took longer than this many seconds (the
             configuration cannot come within the tolerance of the leader). None: the whole
             window runs.
+        repeat_of: a re-measurement's configuration: the experiment that measured it first
+            (None: this is that experiment).
     """
 
     # What the job decides has no default here: a spec is made from a job
@@ -81,6 +83,7 @@ class ExperimentSpec:
     client_config: Mapping[str, Any] | None = None
     engine: EngineName = EngineName.builtin
     stop_above_step_s: float | None = None
+    repeat_of: str | None = None
 
     def __post_init__(self) -> None:
         # A spec read back from JSON (from_dict) names its engine by value.

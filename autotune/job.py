@@ -246,4 +246,5 @@ def experiment_spec(
         client_config=client_config,
         engine=tuning.engine,
         stop_above_step_s=candidate.stop_above_step_s,
+        repeat_of=candidate.repeat_of,
     )

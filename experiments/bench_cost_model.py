@@ -44,7 +44,6 @@ from autotune.bench.table import TableRunner, landscape_job, measured_configs, r
 from autotune.job import experiment_spec
 from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Tuner
-from autotune.tuner.naming import split_repeat
 
 LANDSCAPES = Path(__file__).resolve().parents[1] / "results" / "landscapes"
 HARDWARE = ("v100-32gb", "a100-80gb", "h100-80gb")
@@ -58,11 +57,11 @@ def leave_out(table: Mapping[str, Any], k: int, seed: int) -> dict[str, float]:
         job.config, ModelInfo(**table["model_info"]), device_memory_bytes=job.memory_budget
     )
     runner = TableRunner(table, seed)
-    results = []
+    results, told = [], set()
     while len(results) < k and (candidate := tuner.ask()) is not None:
         results.append(runner.run(experiment_spec(job, candidate, None)))
         tuner.tell(results[-1])
-    told = {split_repeat(result.name)[0] for result in results}
+        told.add(candidate.repeat_of or candidate.name)
     rest = [r for r in measured_configs(table) if r.name not in told]
     predictions = tuner.predicted(r.name for r in rest)
     values = [(r.value, predictions[r.name], r.name) for r in rest if r.name in predictions]

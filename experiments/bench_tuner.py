@@ -45,7 +45,7 @@ from autotune.config.sizes import parse_size
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_CPU_DEVICE_MEMORY
 from autotune.experiment import ExperimentResult
 from autotune.job import TuningJob, experiment_spec
-from autotune.tuner import Candidate, Ranked, rank, repeat_name, split_repeat
+from autotune.tuner import Candidate, Ranked, rank, repeat_name
 from autotune.tuner.ranking import relative_noise
 from autotune.tuning import Runner, TuningEvent, tune
 
@@ -93,9 +93,12 @@ class Yardstick:
 
 
 def yardstick(
-    grid: Mapping[str, float], repeats: Iterable[ExperimentResult], fraction: float = TARGET
+    grid: Mapping[str, float],
+    repeats: Iterable[tuple[str, ExperimentResult]],
+    fraction: float = TARGET,
 ) -> Yardstick:
-    """The yardstick from the grid's measurements and the re-measurements of its top configs.
+    """The yardstick from the grid's measurements and the re-measurements of its top configs
+    (each with the configuration it measured again).
 
     Only the repeats count towards a median: the grid measurement that put a config on top is
     biased upwards by that very choice.
@@ -105,15 +108,17 @@ def yardstick(
 
     Example:
         >>> from autotune.experiment import Metrics, Status
-        >>> def run(name, samples_per_s):
+        >>> def run(config, name, samples_per_s):
         ...     metrics = Metrics.from_window([8 / samples_per_s], 8, 1e9, peak_memory_bytes=0)
-        ...     return ExperimentResult(name, Status.ok, metrics)
-        >>> stick = yardstick({"a": 30.0, "b": 26.0},
-        ...                   [run("a_r1", 25.0), run("b_r1", 26.0), run("a_r2", 24.0)])
+        ...     return config, ExperimentResult(name, Status.ok, metrics)
+        >>> stick = yardstick({"a": 30.0, "b": 26.0}, [run("a", "a_r1", 25.0),
+        ...                   run("b", "b_r1", 26.0), run("a", "a_r2", 24.0)])
         >>> stick.best.name, round(stick.goal, 2), stick.worth
         ('b', 25.22, {'a': 24.5, 'b': 26.0})
     """
-    remeasured = rank(repeats, Metric.throughput)
+    results = [result for _, result in repeats]
+    repeat_of = {result.name: config for config, result in repeats}
+    remeasured = rank(results, Metric.throughput, repeat_of)
     if not remeasured:
         raise ValueError("no re-measurement of the grid's top configurations ran ok")
     return Yardstick(dict(grid), tuple(remeasured), fraction)
@@ -173,7 +178,7 @@ def run_tuner(job: TuningJob, runner: Runner) -> tuple[list[dict[str, Any]], dic
     def record(event: TuningEvent) -> None:
         if event.kind == "finished" and event.result is not None and event.candidate is not None:
             metrics = event.result.metrics
-            name = split_repeat(event.result.name)[0]
+            name = event.candidate.repeat_of or event.candidate.name
             candidates[name] = event.candidate
             timeline.append(
                 {
@@ -190,10 +195,18 @@ def run_tuner(job: TuningJob, runner: Runner) -> tuple[list[dict[str, Any]], dic
 
 def remeasure(
     job: TuningJob, candidates: Sequence[Candidate], repeats: int, runner: Runner
-) -> list[ExperimentResult]:
-    """Each candidate ``repeats`` times more, round by round (``<name>_r1`` first for all)."""
+) -> list[tuple[str, ExperimentResult]]:
+    """Each candidate ``repeats`` times more, round by round (``<name>_r1`` first for all);
+    each result with the configuration it measures again."""
     return [
-        runner.run(experiment_spec(job, replace(c, name=repeat_name(c.name, index)), None))
+        (
+            c.name,
+            runner.run(
+                experiment_spec(
+                    job, replace(c, name=repeat_name(c.name, index), repeat_of=c.name), None
+                )
+            ),
+        )
         for index in range(1, repeats + 1)
         for c in candidates
     ]

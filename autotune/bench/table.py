@@ -5,8 +5,8 @@ interleaved, and stores the table (``results/landscapes/*.json``). :class:`Table
 answers an experiment from it: ``oom`` (or whatever failed) where the table says so, else the
 configuration's median throughput times a factor drawn from the table's own noise (every
 measurement's ratio to its configuration's median, pooled). Draws are seeded by the runner's
-seed and the experiment's name, so a replay is deterministic and a re-measurement
-(``<name>_r1``) gets its own draw.
+seed and the experiment's name, so a replay is deterministic and a re-measurement (its spec's
+``repeat_of`` names the configuration) gets its own draw.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from autotune.job import TuningJob, experiment_spec
 from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Tuner
 from autotune.tuner.hardware import CATALOG
-from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked
 
 LANDSCAPE_FORMAT = 1
@@ -149,7 +148,7 @@ class TableRunner:
         micro-batch the table measured them at another size only (scaled as the config's own
         knobs scale between the two sizes), or not at all (answered as the config's own).
         """
-        base, _ = split_repeat(name)
+        base = name
         if base in self._configs:
             return self._configs[base], self._medians.get(base)
         match = _SIZE.search(base)
@@ -204,7 +203,7 @@ class TableRunner:
         return self._configs[siblings[nearest]], measured[nearest] * value / reference
 
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
-        entry, median = self._lookup(spec.name)
+        entry, median = self._lookup(spec.repeat_of or spec.name)
         durations = entry.get("duration_s") or [0.0]
         timings = Timings(total_s=statistics.median(durations))
         if median is None:

@@ -13,7 +13,6 @@ from autotune.experiment import ExperimentResult, Status, Timings
 from autotune.metric import PEAK_MEMORY_COLUMN, Metric
 from autotune.profiling.interference import is_disturbed
 from autotune.results.store import Proposal, ResultsDir, ResultsDirError
-from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Ranked, rank
 
 if TYPE_CHECKING:
@@ -95,8 +94,9 @@ def _configuration_rows(records: list[dict[str, Any]], metric: Metric) -> list[d
     original's record, its metrics folded over the runs the ranking counts (see
     :func:`fold_runs`)."""
     by_name = {record["name"]: record for record in records}
+    repeat_of = {record["name"]: record.get("repeat_of") for record in records}
     rows = []
-    for ranked in rank((ExperimentResult.from_dict(r) for r in records), metric):
+    for ranked in rank((ExperimentResult.from_dict(r) for r in records), metric, repeat_of):
         row = _row(by_name.get(ranked.name) or by_name[ranked.runs[0]])
         row["name"], row["status"] = ranked.name, Status.ok.value
         row.update(fold_runs(ranked, metric, {run: by_name[run]["metrics"] for run in ranked.runs}))
@@ -110,7 +110,7 @@ def _configuration_rows(records: list[dict[str, Any]], metric: Metric) -> list[d
         )
     ranked_names = {row["name"] for row in rows}
     for name, record in by_name.items():
-        if split_repeat(name)[1] == 0 and name not in ranked_names:
+        if record.get("repeat_of") is None and name not in ranked_names:
             rows.append({**_row(record), "runs": 0, "spread": None, "disturbed_runs": 0})
     return rows
 

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL, Metric
 from autotune.results.frame import fold_runs
-from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import Measurement, rank_measurements
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ def _measurements(rows: Iterable[Mapping[str, Any]], metric: Metric) -> list[Mea
     """The ok rows of a :func:`load_results` frame as the ranking's measurements."""
     return [
         Measurement(
-            split_repeat(str(row["name"]))[0],
+            _configuration(row),
             float(row[metric.value]),
             int(row[PEAK_MEMORY_COLUMN]),
             bool(row.get("disturbed", False)),
@@ -55,6 +54,13 @@ def _measurements(rows: Iterable[Mapping[str, Any]], metric: Metric) -> list[Mea
         for row in rows
         if row["status"] == "ok"
     ]
+
+
+def _configuration(row: Mapping[str, Any]) -> str:
+    """The configuration a frame's row measured (a re-measurement's ``repeat_of``; a frame
+    holds NaN where a row has none)."""
+    repeat_of = row.get("repeat_of")
+    return repeat_of if isinstance(repeat_of, str) else str(row["name"])
 
 
 def metric_vs_micro_batch(

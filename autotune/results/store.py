@@ -282,7 +282,9 @@ class ResultsDir:
         """The run's one ranking by ``metric``: configurations with their repeats folded
         (median, runs, spread over runs), best median first, as the tuner declares them (see
         :func:`autotune.tuner.ranking.rank`)."""
-        return rank(self.results(), metric)
+        records = self.records()
+        results = [ExperimentResult.from_dict(r) for r in records]
+        return rank(results, metric, {r["name"]: r.get("repeat_of") for r in records})
 
     def ranked_runs(self, metric: Metric) -> list[dict[str, Any]]:
         """Every finished experiment's log record, each by its own measurement: those that

@@ -5,7 +5,7 @@ It starts no processes: a driver asks for a :class:`Candidate`, runs it, and tel
 """
 
 from autotune.tuner.memory import MemoryEstimate, estimate_memory
-from autotune.tuner.naming import candidate_name, repeat_name, split_repeat
+from autotune.tuner.naming import candidate_name, repeat_name
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
 from autotune.tuner.samplers import (
     GridSampler,
@@ -41,6 +41,5 @@ __all__ = [
     "rank",
     "repeat_name",
     "score",
-    "split_repeat",
     "within_noise",
 ]

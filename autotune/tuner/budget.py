@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 
 from autotune.experiment import ExperimentResult, Timings, wall_time_s
 from autotune.tuner.ledger import Ledger
-from autotune.tuner.naming import split_repeat
 
 
 def predicted_duration_s(
@@ -52,13 +51,14 @@ def predicted_duration_of(ledger: Ledger, name: str) -> float | None:
     """How long experiment ``name`` should take (see :func:`predicted_duration_s`): from its
     configuration's own earlier measurements where it has some (a re-measurement), else from
     every configuration's that ran ok."""
-    base = split_repeat(name)[0]
+    base = ledger.config_of(name)
     micro_batch = ledger.entries[base].micro_batch_size
     finished = []
     for result_name, result in ledger.results.items():
-        entry = ledger.entries.get(split_repeat(result_name)[0])
+        config = ledger.config_of(result_name)
+        entry = ledger.entries.get(config)
         if result.ok and entry is not None:
-            own = split_repeat(result_name)[0] == base
+            own = config == base
             finished.append((own, entry.micro_batch_size, result.timings))
     return predicted_duration_s(
         micro_batch,

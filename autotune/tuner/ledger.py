@@ -1,5 +1,7 @@
 """What the tuner has seen: every configuration it may propose, by name, and one record per
-name of where it stands (:class:`Trial`), numbered in the order it was proposed.
+experiment of where it stands (:class:`Trial`), numbered in the order it was proposed. An
+experiment measures one configuration: the first of its name, a re-measurement of the one it
+was proposed, told or owed for (:meth:`Ledger.config_of`); nothing reads that from a name.
 
 The ledger is the one owner of that state: the tuner's parts (the search for each variant's
 largest micro-batch, the bounds failures set, re-measurement, the time budget) read it through
@@ -16,6 +18,7 @@ from typing import Any
 from autotune.config import Metric
 from autotune.experiment import ExperimentResult
 from autotune.tuner.candidate import Candidate
+from autotune.tuner.naming import repeat_name
 from autotune.tuner.ranking import Ranked, rank, score
 from autotune.tuner.reasons import NotRunReason
 from autotune.tuner.space import Variant
@@ -81,6 +84,8 @@ class Ledger:
         # Micro-batch runs at the config's own knobs, per variant: size → result.
         self._size_runs: dict[Variant, dict[int, ExperimentResult]] = {}
         self._ruled_out_variants: dict[str, NotRunReason] = {}
+        self._repeat_of: dict[str, str] = {}  # a re-measurement → its configuration
+        self._runs: dict[str, list[str]] = {}  # a configuration → its experiments, in order
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -107,6 +112,32 @@ class Ledger:
     def proposed(self) -> Sequence[str]:
         """Every name proposed, by number: run, running or owed."""
         return self._proposed
+
+    def config_of(self, name: str) -> str:
+        """The configuration experiment ``name`` measures: its own name, or for a
+        re-measurement the configuration it measures again."""
+        return self._repeat_of.get(name, name)
+
+    def is_repeat(self, name: str) -> bool:
+        """Whether experiment ``name`` measures a configuration again."""
+        return name in self._repeat_of
+
+    @property
+    def repeat_of(self) -> Mapping[str, str]:
+        """Every re-measurement (proposed, told or owed) → its configuration."""
+        return self._repeat_of
+
+    def repeat(self, config: str, index: int) -> str:
+        """The name of ``config``'s ``index``-th re-measurement (1-based), known from now on
+        as one of ``config``'s experiments."""
+        name = repeat_name(config, index)
+        self._repeat_of.setdefault(name, config)
+        return name
+
+    def runs_of_config(self, config: str) -> Sequence[str]:
+        """The experiments of configuration ``config`` proposed, told or owed so far: its
+        first measurement, then its re-measurements, in that order."""
+        return self._runs.get(config, ())
 
     def trial(self, name: str) -> Trial | None:
         """``name``'s record (None: nothing decided about it yet)."""
@@ -145,9 +176,21 @@ class Ledger:
         """Know ``name`` as ``entry``'s configuration (the first registration stays)."""
         self._entries.setdefault(name, entry)
 
+    def _belongs(self, name: str, repeat_of: str | None) -> None:
+        """Experiment ``name`` measures ``repeat_of`` again (None: its own configuration,
+        unless it is known as a re-measurement already)."""
+        repeat_of = repeat_of or self._repeat_of.get(name)
+        config = repeat_of or name
+        if repeat_of is not None:
+            self._repeat_of[name] = repeat_of
+        runs = self._runs.setdefault(config, [])
+        if name not in runs:
+            runs.append(name)
+
     def propose(self, candidate: Candidate, number: int | None = None) -> Candidate:
         """``candidate`` is running; returned numbered: an owed one keeps its number, a new
         one takes ``number`` (its trial's; None: the next)."""
+        self._belongs(candidate.name, candidate.repeat_of)
         trial = self._trials.get(candidate.name)
         known = trial.number if trial is not None else None
         number = known if known is not None else self._number(candidate.name, number)
@@ -158,23 +201,29 @@ class Ledger:
         self._pending[candidate.name] = candidate
         return candidate
 
-    def owe(self, name: str, number: int | None = None) -> bool:
-        """An interrupted run proposed ``name`` (as ``number``, None: next) and never
-        finished it: it waits to run. False (and nothing changes) where it was already
-        proposed."""
+    def owe(self, name: str, number: int | None = None, repeat_of: str | None = None) -> bool:
+        """An interrupted run proposed ``name`` (as ``number``, None: next; a re-measurement
+        of ``repeat_of``) and never finished it: it waits to run. False (and nothing changes)
+        where it was already proposed."""
         trial = self._trials.get(name)
         if trial is not None and trial.number is not None:
             return False
+        self._belongs(name, repeat_of)
         self._trials[name] = Trial(name, TrialState.proposed, self._number(name, number))
         return True
 
-    def record(self, result: ExperimentResult, number: int | None = None) -> bool:
+    def record(
+        self, result: ExperimentResult, number: int | None = None, repeat_of: str | None = None
+    ) -> bool:
         """Keep a result told; one told from history (not running) keeps the ``number`` it
-        was proposed as (None: the next), or its own if it was owed. False (and nothing
-        changes) where ``result.name`` was told before."""
+        was proposed as (None: the next), or its own if it was owed, and says which
+        configuration it measured again (``repeat_of``). False (and nothing changes) where
+        ``result.name`` was told before."""
         name = result.name
         if name in self._results:
             return False
+        if name not in self._pending:
+            self._belongs(name, repeat_of)
         trial = self._trials.get(name)
         known = trial.number if trial is not None else None
         number = known if known is not None else self._number(name, number)
@@ -233,7 +282,8 @@ class Ledger:
 
     def ranked(self, results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
         """``results`` ranked on ``metric``, the configurations the tuner knows only."""
-        return [r for r in rank(results, metric) if r.name in self._entries]
+        ranking = rank(results, metric, self._repeat_of)
+        return [r for r in ranking if r.name in self._entries]
 
     def best_score(self, variant: Variant, metric: Metric) -> float | None:
         """The variant's best result so far, any phase (None before one ran ok)."""

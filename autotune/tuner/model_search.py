@@ -52,7 +52,6 @@ from autotune.tuner.cost_model import (
 )
 from autotune.tuner.hardware import Hardware
 from autotune.tuner.ledger import Entry, Ledger
-from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import TOLERANCE, Ranked
 from autotune.tuner.space import TuningSpace, Variant
 
@@ -256,7 +255,7 @@ class ModelSearch:
         entry, the seconds per step and how much to trust it (1: a quiet, whole window)."""
         measurements = []
         for name, result in self._ledger.results.items():
-            base = split_repeat(name)[0]
+            base = self._ledger.config_of(name)
             entry = self._ledger.entries.get(base)
             if entry is None or not result.ok or result.metrics is None:
                 continue

@@ -13,7 +13,6 @@ from typing import Any
 
 from autotune.config.knobs import KNOB_BY_KEY, MICRO_BATCH_KEY, STAGE_KEY, name_position
 
-_REPEAT = re.compile(r"^(?P<base>.+)_r(?P<index>[0-9]+)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 
@@ -68,19 +67,6 @@ def repeat_name(name: str, index: int) -> str:
         'z2_mbs4_r1'
     """
     return f"{name}_r{index}"
-
-
-def split_repeat(name: str) -> tuple[str, int]:
-    """``(base name, repeat index)``; index 0 for an original measurement.
-
-    Example:
-        >>> split_repeat("z2_mbs4_r2"), split_repeat("z2_mbs4_rs0")
-        (('z2_mbs4', 2), ('z2_mbs4_rs0', 0))
-    """
-    match = _REPEAT.match(name)
-    if match is None:
-        return name, 0
-    return match["base"], int(match["index"])
 
 
 def _abbreviation(key: str) -> str:

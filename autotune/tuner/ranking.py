@@ -1,8 +1,9 @@
 """Ranking results: which configuration is best, by how much, and whether noise could flip it.
 
 Each metric's direction is its :class:`~autotune.metric.Metric`'s (latency: lower is better).
-Only ``ok`` results rank. Re-measurements (``<name>_r1``, ...) are grouped with their original
-and a configuration ranks by the median of its measurements; ties go to the lower peak memory.
+Only ``ok`` results rank. Re-measurements are grouped with their configuration (the run that
+measured it first, as the record says) and a configuration ranks by the median of its
+measurements; ties go to the lower peak memory.
 A measurement taken while other processes competed for the ranks' cores (``disturbed``, see
 :mod:`autotune.profiling.interference`) counts only for a configuration that has no other.
 """
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autotune.config import Metric
 from autotune.experiment import ExperimentResult, Metrics
-from autotune.tuner.naming import split_repeat
 
 # Configurations within 2% of each other are as good as each other: more experiments to tell
 # them apart do not pay, and an answer within 2% of the best is the answer.
@@ -105,11 +105,17 @@ class Measurement:
     run: str = ""
 
 
-def measurements(results: Iterable[ExperimentResult], metric: Metric) -> list[Measurement]:
-    """The ok results as measurements of their configurations."""
+def measurements(
+    results: Iterable[ExperimentResult],
+    metric: Metric,
+    repeat_of: Mapping[str, str | None] | None = None,
+) -> list[Measurement]:
+    """The ok results as measurements of their configurations: a re-measurement's is the one
+    ``repeat_of`` names for it (by experiment name), any other experiment's its own."""
+    repeats = repeat_of or {}
     return [
         Measurement(
-            split_repeat(r.name)[0],
+            repeats.get(r.name) or r.name,
             metric.of(r.metrics),
             r.metrics.peak_memory_bytes,
             r.metrics.disturbed,
@@ -151,20 +157,25 @@ def rank_measurements(measured: Iterable[Measurement], metric: Metric) -> list[R
     return ranked
 
 
-def rank(results: Iterable[ExperimentResult], metric: Metric) -> list[Ranked]:
-    """Configurations that ran ok, best first by the median of their measurements.
+def rank(
+    results: Iterable[ExperimentResult],
+    metric: Metric,
+    repeat_of: Mapping[str, str | None] | None = None,
+) -> list[Ranked]:
+    """Configurations that ran ok, best first by the median of their measurements; a
+    re-measurement counts for the configuration ``repeat_of`` names for it.
 
     Example:
         >>> from autotune.experiment import Status
         >>> def result(name, latency):
         ...     m = Metrics.from_window([latency], 8, 1e9, peak_memory_bytes=0)
         ...     return ExperimentResult(name, Status.ok, m)
-        >>> ranked = rank([result("a", 2.0), result("b", 1.0), result("b_r1", 3.0)],
-        ...               Metric.latency)
+        >>> ranked = rank([result("a", 2.0), result("b", 1.0), result("b again", 3.0)],
+        ...               Metric.latency, repeat_of={"b again": "b"})
         >>> [(r.name, r.value) for r in ranked]
         [('a', 2.0), ('b', 2.0)]
     """
-    return rank_measurements(measurements(results, metric), metric)
+    return rank_measurements(measurements(results, metric, repeat_of), metric)
 
 
 def within_noise(first: Ranked, second: Ranked) -> bool:

@@ -44,7 +44,6 @@ from autotune.config import AutotuningConfig
 from autotune.experiment import ExperimentResult
 from autotune.tuner.cost_model import measurement_noise, normal_cdf
 from autotune.tuner.ledger import Ledger
-from autotune.tuner.naming import repeat_name, split_repeat
 from autotune.tuner.ranking import TOLERANCE, Ranked, score
 
 # A rival is worth another measurement while the expected share by which it beats the leader
@@ -160,7 +159,7 @@ class Remeasurement:
         for name, result in self._ledger.results.items():
             if _quiet(result):
                 assert result.metrics is not None
-                groups.setdefault(split_repeat(name)[0], []).append(result.metrics.latency)
+                groups.setdefault(self._ledger.config_of(name), []).append(result.metrics.latency)
         return groups
 
     def confirmation(self, is_open: Callable[[str], bool]) -> str | None:
@@ -198,8 +197,8 @@ class Remeasurement:
         return lead > SURPRISE_Z * noise * math.sqrt(2)
 
     def next(self, is_open: Callable[[str], bool]) -> str | None:
-        """The next re-measurement (``<name>_r<k>``) worth running, or None: the answer
-        stands. ``is_open`` says whether a name may still run (not pruned, not in flight)."""
+        """The next re-measurement worth running, or None: the answer stands. ``is_open``
+        says whether a name may still run (not pruned, not in flight)."""
         if self._tuning.num_remeasure == 0:
             return None
         ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
@@ -214,13 +213,13 @@ class Remeasurement:
         # One whose last measurement the ranks saw disturbed waits for the others: measured
         # again at once, it would most likely meet the same busy machine.
         candidates = [name for name in wanted if name is not None]
-        candidates.sort(key=lambda name: self._last_disturbed(split_repeat(name)[0]))
+        candidates.sort(key=lambda name: self._last_disturbed(self._ledger.config_of(name)))
         return candidates[0] if candidates else None
 
     def _last_disturbed(self, name: str) -> bool:
         last = None
         for told in self._ledger.order:
-            if split_repeat(told)[0] == name:
+            if self._ledger.config_of(told) == name:
                 last = self._ledger.results[told]
         return last is not None and last.metrics is not None and last.metrics.disturbed
 
@@ -263,7 +262,7 @@ class Remeasurement:
         clocks, a slow start-up)."""
         results = self._ledger.results
         for name in self._ledger.proposed:
-            if split_repeat(name)[1] or name not in self._ledger.entries:
+            if self._ledger.is_repeat(name) or name not in self._ledger.entries:
                 continue
             if name not in results:
                 return None  # decided once it is in, as a one-at-a-time run would
@@ -281,8 +280,9 @@ class Remeasurement:
         if control is None or self._tuning.num_remeasure == 0:
             return None
         names = self._ledger.proposed
-        last = max(i for i, n in enumerate(names) if split_repeat(n)[0] == control)
-        since = sum(1 for n in names[last + 1 :] if split_repeat(n)[1] == 0)
+        config_of = self._ledger.config_of
+        last = max(i for i, n in enumerate(names) if config_of(n) == control)
+        since = sum(1 for n in names[last + 1 :] if not self._ledger.is_repeat(n))
         if since < every:
             return None
         return self._another(control, is_open, bounded=False)
@@ -300,7 +300,7 @@ class Remeasurement:
         measured = [
             (i, results[n].metrics.latency)  # type: ignore[union-attr]
             for i, n in enumerate(order)
-            if split_repeat(n)[0] == control and n in results and _quiet(results[n])
+            if self._ledger.config_of(n) == control and n in results and _quiet(results[n])
         ]
         if len(measured) < 2:
             return {}
@@ -333,7 +333,7 @@ class Remeasurement:
         slowed: Counter[str] = Counter()
         quiet: Counter[str] = Counter()
         for name, result in ledger.results.items():
-            base = split_repeat(name)[0]
+            base = ledger.config_of(name)
             if not result.ok or result.metrics is None or base not in ledger.entries:
                 continue
             factor = slowdowns.get(name, 1.0)
@@ -375,8 +375,8 @@ class Remeasurement:
         for name, result in self._ledger.results.items():
             disturbed = result.metrics is not None and result.metrics.disturbed
             if not (informative and result.ok and disturbed):
-                counts[split_repeat(name)[0]] += 1
-        counts.update(split_repeat(n)[0] for n in self._ledger.pending)
+                counts[self._ledger.config_of(name)] += 1
+        counts.update(self._ledger.config_of(n) for n in self._ledger.pending)
         return counts
 
     def _another(
@@ -391,7 +391,7 @@ class Remeasurement:
             or total >= 2 * MAX_MEASUREMENTS
         ):
             return None
-        repeat = repeat_name(name, total)
+        repeat = self._ledger.repeat(name, total)
         return repeat if is_open(repeat) else None
 
 
@@ -411,6 +411,6 @@ def short_windows(ledger: Ledger) -> dict[str, float]:
     windows: dict[str, list[float]] = {}
     for name, result in ledger.results.items():
         if result.ok and result.timings.window_s > 0 and result.stopped_after_steps is None:
-            windows.setdefault(split_repeat(name)[0], []).append(result.timings.window_s)
+            windows.setdefault(ledger.config_of(name), []).append(result.timings.window_s)
     medians = {name: statistics.median(seconds) for name, seconds in windows.items()}
     return {name: s for name, s in medians.items() if s < MIN_WINDOW_S}

@@ -6,7 +6,6 @@ from collections.abc import Container
 
 from autotune.config import Metric
 from autotune.tuner.ledger import Ledger
-from autotune.tuner.naming import split_repeat
 from autotune.tuner.ranking import score
 
 
@@ -34,7 +33,7 @@ def experiments_since_best(
     unsettled = False
     for name in ledger.proposed:
         entry = ledger.entries.get(name)
-        if split_repeat(name)[1] != 0 or entry is None or (knobs_later and entry.knobs):
+        if ledger.is_repeat(name) or entry is None or (knobs_later and entry.knobs):
             continue
         result = ledger.results.get(name)
         unsettled = unsettled or result is None

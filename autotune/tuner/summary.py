@@ -12,8 +12,7 @@ from autotune.config import AutotuningConfig, Metric
 from autotune.experiment import ExperimentResult
 from autotune.tuner.cost_model import CostModel
 from autotune.tuner.ledger import Entry, Ledger
-from autotune.tuner.naming import split_repeat
-from autotune.tuner.ranking import TOLERANCE, Ranked, rank, within_noise
+from autotune.tuner.ranking import TOLERANCE, Ranked, within_noise
 from autotune.tuner.reasons import NotRunReason, StopReason
 from autotune.tuner.remeasure import short_windows
 from autotune.tuner.space import TuningSpace
@@ -134,7 +133,7 @@ def summarize(
     """The summary of what ``ledger`` holds, searched over ``space`` under ``tuning``;
     ``not_run``: what was considered and not run, each with the reason."""
     metric = tuning.metric
-    ranking = [r for r in rank(ledger.results.values(), metric) if r.name in ledger.entries]
+    ranking = ledger.ranked(ledger.results.values(), metric)
     best = ranking[0] if ranking else None
     per_variant: dict[str, Ranked] = {}
     for entry in ranking:
@@ -164,7 +163,7 @@ def summarize(
             if name in ledger.entries
         },
         window_steps=tuning.end_profile_step - tuning.start_profile_step + 1,
-        num_remeasured=sum(1 for n in ledger.results if split_repeat(n)[1] > 0),
+        num_remeasured=sum(1 for n in ledger.results if ledger.is_repeat(n)),
         best_at_cap=_at_cap(best_entry, space),
         noise=noise,
         noise_measured=noise_measured,

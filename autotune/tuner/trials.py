@@ -109,25 +109,36 @@ def new_study(
 
 
 @dataclass(frozen=True)
-class TrialHistory:
-    """What a study holds of an earlier run: its finished experiments and those it left
-    running, each with the number it was proposed as, in that order."""
+class PastExperiment:
+    """An experiment of an earlier run, as its trial recorded it.
 
-    finished: tuple[tuple[int, ExperimentResult], ...]
-    running: tuple[tuple[int, str], ...]
+    Attributes:
+        number: the number it was proposed as (its trial's).
+        name: its name.
+        repeat_of: the configuration it measured again (None: its own).
+        result: how it ended (None: it was still running when the run stopped).
+    """
 
-    @classmethod
-    def of(cls, trials: Iterable[FrozenTrial]) -> TrialHistory:
-        finished, running = [], []
-        for trial in sorted(trials, key=lambda t: t.number):
-            name = trial.user_attrs.get("name")
-            if name is None:
-                continue  # not an experiment (a trial someone added by hand)
-            if trial.state.is_finished() and trial.user_attrs.get("status") is not None:
-                finished.append((trial.number, ExperimentResult.from_dict(record_of(trial))))
-            elif not trial.state.is_finished():
-                running.append((trial.number, str(name)))
-        return cls(tuple(finished), tuple(running))
+    number: int
+    name: str
+    repeat_of: str | None
+    result: ExperimentResult | None
+
+
+def past_experiments(trials: Iterable[FrozenTrial]) -> list[PastExperiment]:
+    """The experiments ``trials`` record, in the order they were proposed: finished ones
+    with their result, those left running without."""
+    past = []
+    for trial in sorted(trials, key=lambda t: t.number):
+        attrs = trial.user_attrs
+        if "name" not in attrs or trial.state.name == "WAITING":
+            continue  # not an experiment (a trial someone added by hand)
+        finished = trial.state.is_finished() and attrs.get("status") is not None
+        if trial.state.is_finished() and not finished:
+            continue  # failed without a result: an experiment that never ran
+        result = ExperimentResult.from_dict(record_of(trial)) if finished else None
+        past.append(PastExperiment(trial.number, attrs["name"], attrs.get(REPEAT_OF_ATTR), result))
+    return past
 
 
 class TrialLog:

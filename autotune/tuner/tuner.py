@@ -69,7 +69,6 @@ from autotune.tuner.hardware import CPU_RANK, Hardware
 from autotune.tuner.ledger import Ledger
 from autotune.tuner.ledger import TrialState as LedgerState
 from autotune.tuner.model_search import ModelSearch
-from autotune.tuner.naming import split_repeat
 from autotune.tuner.phase_search import PhaseSearch
 from autotune.tuner.prior import best_micro_batch
 from autotune.tuner.probe import SizeSearch, failed_sizes_bound
@@ -80,7 +79,13 @@ from autotune.tuner.samplers import Point, Subspace
 from autotune.tuner.space import build_space
 from autotune.tuner.stopping import experiments_since_best
 from autotune.tuner.summary import TuningSummary, summarize
-from autotune.tuner.trials import PHASE_ATTR, REPEAT_OF_ATTR, TrialHistory, TrialLog, new_study
+from autotune.tuner.trials import (
+    PHASE_ATTR,
+    REPEAT_OF_ATTR,
+    TrialLog,
+    new_study,
+    past_experiments,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -242,7 +247,7 @@ class Tuner:
         if self._model_search is not None:
             self._model_search.use_space(space, _model_shape(model_info))
 
-    def _owe(self, name: str, number: int | None = None) -> None:
+    def _owe(self, name: str, number: int | None = None, repeat_of: str | None = None) -> None:
         """Replay an experiment an interrupted run proposed but never finished, in its place
         among the replayed results (call in the order they were proposed; ``number``: the
         number it was proposed as, kept when it runs again).
@@ -251,7 +256,7 @@ class Tuner:
         proposes it before anything new, so the resumed run decides as the interrupted one
         would have.
         """
-        self._ledger.owe(name, number)
+        self._ledger.owe(name, number, repeat_of)
 
     def tell(self, result: ExperimentResult) -> None:
         """Record a finished experiment of any status: its trial is told (the commit point).
@@ -274,18 +279,19 @@ class Tuner:
     def _replay(self, study: optuna.Study) -> None:
         """Tell what ``study`` holds of an earlier run, in the order it was proposed: the
         finished experiments, and those left running, owed a run with their numbers."""
-        history = TrialHistory.of(study.get_trials(deepcopy=False))
-        self.num_replayed = len(history.finished)
-        events: list[tuple[int, ExperimentResult | str]] = [*history.finished, *history.running]
-        for number, event in sorted(events, key=lambda pair: pair[0]):
-            if isinstance(event, str):
-                self._owe(event, number)
+        for past in past_experiments(study.get_trials(deepcopy=False)):
+            if past.result is None:
+                self._owe(past.name, past.number, past.repeat_of)
             else:
-                self._learn(event, number)
+                self.num_replayed += 1
+                self._learn(past.result, past.number, past.repeat_of)
 
-    def _learn(self, result: ExperimentResult, number: int | None) -> None:
+    def _learn(
+        self, result: ExperimentResult, number: int | None, repeat_of: str | None = None
+    ) -> None:
         """Take in a result, of an experiment asked for or one of the run's history
-        (``number``: the number it was proposed as)."""
+        (``number``: the number it was proposed as; ``repeat_of``: the configuration it
+        measured again)."""
         if result.name in self._ledger.results:
             return
         if result.name not in self._ledger.pending:
@@ -296,7 +302,7 @@ class Tuner:
             if key is not None:
                 self._catalog.register(*key)
         self._catalog.register_size_run(result.name)
-        self._ledger.record(result, number)
+        self._ledger.record(result, number, repeat_of)
         self._bounds.note(result.name)
         if self._search is not None:
             self._search.tell(result)
@@ -314,7 +320,7 @@ class Tuner:
     def _trial_params(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The trial parameters of the configuration experiment ``name`` measures (none for
         a name outside the space)."""
-        base = split_repeat(name)[0]
+        base = self._ledger.config_of(name)
         entry = self._ledger.entries.get(base)
         key = None
         if entry is not None:
@@ -378,7 +384,7 @@ class Tuner:
         """The next name the current phase wants run, or None if it has nothing now."""
         # A re-measurement an interrupted run had running comes first, as it would have
         # finished first.
-        owed = (n for n in self._ledger.owed() if split_repeat(n)[1] > 0)
+        owed = (n for n in self._ledger.owed() if self._ledger.is_repeat(n))
         if (name := next(owed, None)) is not None:
             return name
         if self._phase is Phase.remeasure:
@@ -592,7 +598,7 @@ class Tuner:
 
     def _candidate(self, name: str) -> Candidate | None:
         """The experiment for ``name``; None (and pruned) if its config breaks a rule."""
-        base, _ = split_repeat(name)
+        base = self._ledger.config_of(name)
         entry = self._ledger.entries[base]
         try:
             ds_config = self._ds_config(entry.overrides)

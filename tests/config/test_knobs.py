@@ -11,7 +11,7 @@ import pytest
 
 from autotune.config import KNOBS, ConfigError, ConfigWarning, Knob, errors, load_config, set_key
 from autotune.config.knobs import OFFLOAD_KEY, name_position
-from autotune.tuner.naming import split_repeat
+from autotune.tuner.naming import repeat_name
 
 
 def test_importing_the_config_loads_neither_torch_nor_ray() -> None:
@@ -45,13 +45,13 @@ def test_the_offload_choice_is_the_tuners_not_a_search_list() -> None:
     assert name_position(OFFLOAD_KEY) == 1
 
 
-def test_abbreviations_name_one_key_each_and_never_read_as_a_repeat() -> None:
+def test_abbreviations_name_one_key_each_and_never_a_re_measurement() -> None:
     abbreviations = [k.abbreviation for k in KNOBS]
     assert len(set(abbreviations)) == len(abbreviations)
     for knob in KNOBS:
         assert knob.abbreviation.isalpha() and knob.abbreviation.islower()
-        # "_r2" ends the name of a re-measurement; a knob spelled "r" would be mistaken for one.
-        assert split_repeat(f"z1_mbs4_{knob.abbreviation}2") == (f"z1_mbs4_{knob.abbreviation}2", 0)
+        # "_r2" ends the folder of a re-measurement; a knob spelled "r" would take its name.
+        assert f"z1_mbs4_{knob.abbreviation}2" != repeat_name("z1_mbs4", 2)
 
 
 def test_a_row_cannot_tune_by_default_where_the_engine_does_not_read_it() -> None:

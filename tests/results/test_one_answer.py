@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.results import load_results
-from autotune.tuner.naming import split_repeat
 from autotune.tuning import tune
 from tests.runner.sim_cluster import config_metrics, tuning_job
 
@@ -29,7 +28,7 @@ class LuckyFirstRuns:
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
         metrics = config_metrics(spec)
         lucky = spec.ds_config["zero_optimization"]["stage"] == 3
-        if lucky and split_repeat(spec.name)[1] == 0:
+        if lucky and spec.repeat_of is None:
             steps = tuple(t / LUCK for t in metrics.step_times_s)
             metrics = replace(
                 metrics,

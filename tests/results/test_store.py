@@ -213,7 +213,9 @@ def test_ranked_runs_puts_ok_experiments_best_first_by_the_metric_and_failures_l
         ("fast", Status.ok, 20.0),
         ("fast_r1", Status.ok, 10.0),
     ):
-        commit(results, make_spec(name), make_result(name, status, throughput or 1.0))
+        repeat_of = "fast" if name == "fast_r1" else None
+        result = make_result(name, status, throughput or 1.0)
+        commit(results, make_spec(name), result, repeat_of=repeat_of)
     for metric in Metric:  # a faster step is better by every metric
         assert [r["name"] for r in results.ranked_runs(metric)] == [
             "fast",

@@ -40,7 +40,8 @@ def test_the_goal_is_a_share_of_the_best_median_of_repeats_not_the_luckiest_grid
         measured("steady_r3", 27.0),
         measured("third_r3", 24.0),
     ]
-    stick = bench.yardstick(grid, repeats)
+    configs = ["lucky", "steady", "third"] * 3
+    stick = bench.yardstick(grid, list(zip(configs, repeats, strict=True)))
 
     assert [r.name for r in stick.remeasured] == ["steady", "third", "lucky"]
     assert stick.best.values == (26.0, 25.5, 27.0)  # the grid's measurement is left out
@@ -53,7 +54,7 @@ def test_the_goal_is_a_share_of_the_best_median_of_repeats_not_the_luckiest_grid
 
 def test_without_a_repeat_that_ran_ok_there_is_no_yardstick(bench: ModuleType) -> None:
     with pytest.raises(ValueError, match="no re-measurement"):
-        bench.yardstick({"a": 10.0}, [ExperimentResult("a_r1", Status.oom)])
+        bench.yardstick({"a": 10.0}, [("a", ExperimentResult("a_r1", Status.oom))])
 
 
 def test_reach_counts_experiments_and_seconds_until_the_goal(bench: ModuleType) -> None:
@@ -90,6 +91,7 @@ def test_remeasures_round_by_round_and_reports(
 
     repeats = bench.remeasure(job, candidates, 2, Runner())
     assert [s.name for s in ran] == ["a_r1", "b_r1", "a_r2", "b_r2"]
+    assert [s.repeat_of for s in ran] == ["a", "b", "a", "b"]
     assert all(s.ds_config == first.ds_config for s in ran)
     stick = bench.yardstick({"a": 30.0, "b": 22.0}, repeats)
     assert (stick.best.name, stick.best.value) == ("b", 23.0)

@@ -10,7 +10,7 @@ import pytest
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.summary_text import not_run_texts, notes, stop_text
-from autotune.tuner import Candidate, Phase, Tuner, split_repeat
+from autotune.tuner import Candidate, Phase, Tuner
 from autotune.tuner.ranking import TOLERANCE
 from autotune.tuner.remeasure import MAX_MEASUREMENTS
 from tests.tuner.landscape import FakeClock, Flat, Landscape, Tied, drive
@@ -137,7 +137,7 @@ def test_remeasures_only_what_could_change_the_answer(tuner_type: str) -> None:
     repeats = [c for c in asked if c.repeat_of is not None]
     per_config = Counter(c.repeat_of for c in repeats)
     assert all(n <= MAX_MEASUREMENTS - 1 for n in per_config.values())
-    assert all(c.name == f"{c.repeat_of}_r{split_repeat(c.name)[1]}" for c in repeats)
+    assert all(c.name.startswith(f"{c.repeat_of}_r") for c in repeats)  # its folder's name
     summary = tuner.summary()
     assert summary.best is not None and summary.best.num_measurements >= 2
     assert summary.ranking[0].name == summary.best.name

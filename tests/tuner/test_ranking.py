@@ -36,8 +36,10 @@ def test_only_ok_results_rank() -> None:
 def test_repeats_rank_by_their_median() -> None:
     lucky = [result("lucky", 1.0), result("lucky_r1", 3.0), result("lucky_r2", 3.2)]
     steady = [result("steady", 2.0), result("steady_r1", 2.1), result("steady_r2", 1.9)]
-    ranked = rank(lucky + steady, Metric.latency)
+    repeat_of = {r.name: r.name.split("_")[0] for r in lucky + steady if "_" in r.name}
+    ranked = rank(lucky + steady, Metric.latency, repeat_of)
     assert [(r.name, r.value) for r in ranked] == [("steady", 2.0), ("lucky", 3.0)]
+    assert len(rank(lucky + steady, Metric.latency)) == 6  # without: each its own
     assert ranked[1].values == (1.0, 3.0, 3.2) and round(ranked[1].spread, 3) == 0.733
 
 

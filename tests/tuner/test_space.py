@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from autotune.config import load_config
-from autotune.tuner import Tuner, build_space, candidate_name, split_repeat
+from autotune.tuner import Tuner, build_space, candidate_name
 from autotune.tuner.space import default_knobs, micro_batch_sizes, size_grid
 from tests.tuner.landscape import MODEL
 
@@ -171,7 +171,6 @@ def test_names_are_readable_safe_and_only_show_what_changed() -> None:
         Z + "offload_optimizer.device": "cpu",
     }
     assert candidate_name(overrides, base) == "z2_ocpu_mbs4_oc1"
-    assert split_repeat("z2_mbs4_oc1_r3") == ("z2_mbs4_oc1", 3)
 
 
 def test_a_checkpointing_list_makes_variants_with_their_own_largest_micro_batch() -> None:
