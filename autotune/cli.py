@@ -600,10 +600,17 @@ def exec_(
 
     Example: autotune exec --nproc 2 -- train.py --deepspeed ds_config_optimal.json
     """
+    import os
     import subprocess
 
     from autotune.deepspeed import SERVED_VERSION
+    from autotune.runner.process import own_import_root
+    from autotune.script_target import ScriptError, ScriptTarget
 
+    try:  # a missing script is one line here, not a traceback from every rank and torchrun
+        ScriptTarget.from_command(script)
+    except ScriptError as err:
+        raise fail(str(err)) from None
     typer.echo(
         f"autotune exec: {' '.join(script[:2] if script[:1] == ['-m'] else script[:1])} on "
         f"{nproc} rank(s), autotune's built-in ZeRO engine standing in for DeepSpeed "
@@ -612,7 +619,12 @@ def exec_(
     )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     launched = [*torchrun, "--nproc_per_node", str(nproc), "-m", "autotune.deepspeed", *script]
-    raise typer.Exit(subprocess.call(launched))
+    # The ranks start with the working directory first on their path (``-m``): this autotune
+    # is on it too, so that a directory named autotune there cannot shadow it.
+    env, root = dict(os.environ), own_import_root()
+    if root is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), root]))
+    raise typer.Exit(subprocess.call(launched, env=env))
 
 
 @app.callback()

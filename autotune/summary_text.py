@@ -5,6 +5,7 @@ tuner keeps them as data, :mod:`autotune.tuner.reasons`)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from autotune.runner.measuring_engine import measuring_engine
@@ -70,6 +71,27 @@ _NO_STOP_TEXT = {
 }
 
 
+# A terminal's colour codes, as Ray's messages carry them; in a file they are noise.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def one_line(text: str) -> str:
+    r"""An error as a summary shows it: its first line, without a terminal's colour codes
+    (the whole of it, traceback included, is the experiment's ``error.txt``).
+
+    Example:
+        >>> one_line("\x1b[36mray::Rank\x1b[39m failed\n  File 'a.py', line 1\n    ^^^^")
+        'ray::Rank failed'
+    """
+    lines = [line.strip() for line in _ANSI_ESCAPE.sub("", text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def failed_lines(summary: TuningSummary) -> list[str]:
+    """The failed experiments, one line each: ``  name: error``."""
+    return [f"  {name}: {one_line(why)}" for name, why in summary.failed.items()]
+
+
 def stop_text(stop: StopReason | None) -> str:
     """Why the search stopped, in words.
 
@@ -79,7 +101,7 @@ def stop_text(stop: StopReason | None) -> str:
     """
     if stop is None:
         return "search complete"
-    return _STOP_TEXT[stop.kind].format(*stop.details)
+    return one_line(_STOP_TEXT[stop.kind].format(*stop.details))
 
 
 def not_run_text(reason: NotRunReason) -> str:
@@ -240,7 +262,7 @@ def report_lines(
         f"{summary.num_run} experiments ({searched} searched, {summary.num_remeasured} "
         f"re-measured; {num_resumed} from earlier runs), {summary.num_failed} failed or "
         f"out of memory; {stopped_line(summary)}",
-        *(f"  {name}: {why}" for name, why in summary.failed.items()),
+        *failed_lines(summary),
         *not_run,
         *notes(summary),
     ]
@@ -287,7 +309,7 @@ def format_summary(
             lines.append(f"  {variant:12s} {ranked.name:40s} {metric} {shown}")
     if summary.failed:
         lines.append(f"failed: {summary.num_failed}")
-        lines += [f"  {name}: {why}" for name, why in summary.failed.items()]
+        lines += failed_lines(summary)
     lines.append(f"not run: {summary.num_not_run}")
     lines += [
         f"  {not_run_label(name)}: {not_run_text(why)}" for name, why in summary.not_run.items()
