@@ -255,10 +255,8 @@ def run(
     Script mode: autotune run [OPTIONS] -- train.py --deepspeed ds_config.json [ARGS...]
     """
     started_s = time.monotonic()  # autotuning.time_budget_s counts the cluster's start too
-    from rich.console import Console
-
     from autotune.api import RunRequest, load_job, started_runner
-    from autotune.display import Progress, print_report
+    from autotune.display import Progress, output_console, print_line, print_report
     from autotune.summary_text import stopped_line
     from autotune.tuning import tune
 
@@ -277,14 +275,13 @@ def run(
     )
     with _bad_input_exits(request, _job_errors):
         job = load_job(request)  # a bad config fails here, before anything starts
-    console = Console(stderr=False)
+    console = output_console()
 
     def header() -> None:
-        console.print(
+        print_line(
+            console,
             f"autotune: tuning {job.label} at world size {job.world_size} by "
             f"{job.config.autotuning.metric.value}; results in {job.results_path}",
-            highlight=False,
-            markup=False,
         )
 
     # The rest of the job is checked (torch imported, the workload run on the meta device)
@@ -527,17 +524,10 @@ def report(
         _report_console().print(table)
 
 
-# Wide enough for any row of the report on one line; a table takes only the width it needs.
-_PIPED_WIDTH = 1000
-
-
 def _report_console() -> Any:
-    """A terminal's own width (rich reads it, or ``COLUMNS``); anything else (a file, a
-    pipe, a test) gets every row on one line, whatever terminal the command was started
-    from, rather than rich's 80 columns that fold the table."""
-    from rich.console import Console
+    from autotune.display import output_console
 
-    return Console() if sys.stdout.isatty() else Console(width=_PIPED_WIDTH)
+    return output_console()
 
 
 def _cell(column: str, value: Any) -> str:

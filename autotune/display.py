@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,7 @@ from rich.text import Text
 
 from autotune.config.sizes import format_size
 from autotune.metric import PEAK_MEMORY_LABEL
-from autotune.summary_text import not_run_label, not_run_text, report_lines
+from autotune.summary_text import counted, not_run_label, not_run_text, report_lines
 from autotune.tuner.candidate import Phase
 from autotune.tuning import EventKind
 
@@ -31,6 +32,24 @@ DOING = {
     Phase.knobs: "tuning each ZeRO variant's knobs",
     Phase.remeasure: "measuring the leaders again, so that no single run decides the ranking",
 }
+
+
+# Off a terminal (a log, a pipe, a test), wide enough for any table row on one line; a
+# table takes only the width it needs.
+PIPED_WIDTH = 1000
+
+
+def output_console() -> Console:
+    """The console a command prints to: a terminal's own width (rich reads it, or
+    ``COLUMNS``); anything else gets every row on one line, whatever terminal the command was
+    started from, rather than rich's 80 columns that fold a table and split a command."""
+    return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+
+
+def print_line(console: Console, line: str) -> None:
+    """One line of plain text, never broken by rich: a command or a path in it stays whole
+    to copy (a terminal folds a long line only on screen)."""
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 class Progress:
@@ -62,7 +81,7 @@ class Progress:
     def __call__(self, event: TuningEvent) -> None:
         summary = event.summary
         if event.kind is EventKind.resumed:
-            self._log(f"resuming: {summary.num_run} experiments already finished")
+            self._log(f"resuming: {counted(summary.num_run, 'experiment')} already finished")
         elif event.kind is EventKind.started and event.candidate is not None:
             phase = event.candidate.phase
             if self.quiet and phase != self._logged_phase and phase in DOING:
@@ -75,7 +94,7 @@ class Progress:
             metric = summary.metric
             if result.metrics is not None:
                 what = f"ok  {metric.display(metric.of(result.metrics))}"
-            else:  # whole: the console wraps it at a word
+            else:  # whole, on one line: the terminal folds it on screen
                 what = f"{result.status.value}  {result.error or ''}"
             self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
             self.run_here += 1
@@ -85,7 +104,7 @@ class Progress:
             self._live.update(self._status(summary))
 
     def _log(self, line: str) -> None:
-        self.console.print(line, highlight=False, markup=False)
+        print_line(self.console, line)
 
     def _status(self, summary: TuningSummary) -> Table:
         elapsed = time.monotonic() - self.started
@@ -95,7 +114,7 @@ class Progress:
         table.add_row(
             "experiments",
             f"{done} of at most {summary.search_bound} ({summary.num_failed} failed/oom), "
-            f"{summary.num_not_run} not run",
+            f"{counted(summary.num_not_run, 'configuration')} not run",
         )
         doing = "; ".join(DOING[phase] for phase in self.phases if phase in DOING)
         if doing:
@@ -140,16 +159,23 @@ NAMES_PER_REASON = 6
 
 
 def not_run_lines(summary: TuningSummary) -> list[str]:
-    """``not run: N``, then one line per reason (its kind and details, not its words): how
-    many, why, and which."""
+    """``not run: N configurations``, then one line per reason (its kind and details, not its
+    words): how many configurations, why, and which (a whole variant by its label)."""
     by_reason: dict[NotRunReason, list[str]] = {}
     for name, why in summary.not_run.items():
         by_reason.setdefault(why, []).append(name)
-    lines = [f"not run: {summary.num_not_run}"]
-    for why, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
-        shown = ", ".join(not_run_label(name) for name in names[:NAMES_PER_REASON])
+    counts = summary.not_run_counts
+
+    def configurations(names: list[str]) -> int:
+        return sum(counts.get(name, 1) for name in names)
+
+    lines = [f"not run: {counted(summary.num_not_run, 'configuration')}"]
+    for why, names in sorted(by_reason.items(), key=lambda item: -configurations(item[1])):
+        shown = ", ".join(
+            not_run_label(name, counts.get(name)) for name in names[:NAMES_PER_REASON]
+        )
         more = f" and {len(names) - NAMES_PER_REASON} more" if len(names) > NAMES_PER_REASON else ""
-        lines.append(f"  {len(names)} {not_run_text(why)}: {shown}{more}")
+        lines.append(f"  {configurations(names)} {not_run_text(why)}: {shown}{more}")
     return lines
 
 
@@ -165,15 +191,15 @@ def print_report(console: Console, report: TuningReport) -> None:
         not_run_lines(summary),
     )
     for line in lines:
-        console.print(line, highlight=False, markup=False)
+        print_line(console, line)
 
 
 def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, source: str) -> None:
     """``autotune plan``'s table: the predicted ranking, best first, for a person."""
-    console = Console()
+    console = output_console()
     # Above the table, not its title: a title wraps at the table's width, mid-sentence.
-    console.print(f"predicted on {world_size} x {hardware.name} ({source})", markup=False)
-    console.print("a prediction, not a measurement: autotune run measures", markup=False)
+    print_line(console, f"predicted on {world_size} x {hardware.name} ({source})")
+    print_line(console, "a prediction, not a measurement: autotune run measures")
     table = Table(
         box=box.SIMPLE_HEAD,  # no vertical rules: the eight columns fit 80 characters
         pad_edge=False,

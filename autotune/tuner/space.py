@@ -163,12 +163,15 @@ class TuningSpace:
             key that is not being tuned there), so every candidate is a concrete config.
         base: the user's value at every key a candidate may set (for names).
         pruned: variant label → why it is not tried.
+        sizes: the micro-batch sizes the config allows (those of a variant pruned before the
+            search are its configurations not run).
     """
 
     plans: tuple[VariantPlan, ...]
     fixed: Mapping[str, Any]
     base: Mapping[str, Any]
     pruned: Mapping[str, str] = field(default_factory=dict)
+    sizes: tuple[int, ...] = ()
 
     def overrides(
         self, variant: Variant, micro_batch_size: int, knobs: Mapping[str, Any] | None = None
@@ -264,7 +267,7 @@ def build_space(
                 variant, tuple(valid), start, count, knobs, estimate, halving=not user_chose_sizes
             )
         )
-    return TuningSpace(tuple(plans), fixed, base, pruned)
+    return TuningSpace(tuple(plans), fixed, base, pruned, tuple(sizes))
 
 
 def _states_fit(estimate: MemoryEstimate, micro_batch_size: int) -> bool:
