@@ -391,8 +391,13 @@ class PlanFormat(str, enum.Enum):
 def plan(
     config: _ConfigOption = None,
     workload: Annotated[
-        str, typer.Option(help="As for run: gpt, mlp, hf:<model_type>, package.module:function.")
-    ] = DEFAULT_WORKLOAD,
+        str | None,
+        typer.Option(
+            help="As for run: gpt, mlp, hf:<model_type>, package.module:function "
+            "(default: --from's, else gpt).",
+            show_default=False,
+        ),
+    ] = None,
     workload_arg: _WorkloadArgOption = None,
     hardware: Annotated[
         str | None,
@@ -401,18 +406,26 @@ def plan(
             "h200-141gb) or a JSON file with the same fields.",
         ),
     ] = None,
-    world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = 8,
+    world_size: Annotated[
+        int | None,
+        typer.Option("--world-size", "-n", min=1, help="Default: --from's, else 8."),
+    ] = None,
     gpus_per_node: Annotated[
         int | None, typer.Option(min=1, help="Default: the hardware's usual node.")
     ] = None,
     from_dir: Annotated[
         Path | None,
         typer.Option(
-            "--from", help="A finished model_based run: predict with the constants it fitted."
+            "--from",
+            help="A finished model_based run: predict with the constants it fitted, for its "
+            "workload, config, world size and memory budget unless given.",
         ),
     ] = None,
     format: Annotated[PlanFormat, typer.Option("--format", "-f")] = PlanFormat.table,
-    top: Annotated[int | None, typer.Option(min=1, help="Show the best N only.")] = None,
+    top: Annotated[
+        int | None,
+        typer.Option(min=1, help="Show the best N only (default: 20 in the table, all in JSON)."),
+    ] = None,
 ) -> None:
     """Predict, without running anything, how each configuration would train on hardware
     you may not have: the ranking of the search space by the cost model, and what fits."""
@@ -422,24 +435,24 @@ def plan(
 
     try:
         request = PlanRequest(
-            config=read_config(config),
+            config=read_config(config) if config is not None or from_dir is None else None,
             workload=workload,
-            workload_args=parse_workload_args(workload_arg or []),
+            workload_args=parse_workload_args(workload_arg) if workload_arg else None,
             world_size=world_size,
             gpus_per_node=gpus_per_node,
             hardware=hardware,
             from_dir=from_dir,
         )
-        rows, device, fitted = make_plan(request)
+        planned = make_plan(request)
     except (ConfigError, WorkloadError) as err:
         raise fail(str(err)) from None
-    rows = rows[:top] if top else rows
     if format is PlanFormat.json:
+        rows = planned.rows[:top] if top else planned.rows
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
         return
-    from autotune.display import print_plan
+    from autotune.display import PLAN_ROWS, print_plan
 
-    print_plan(rows, device, world_size, source="a run's fit" if fitted else "the datasheet")
+    print_plan(planned, top or PLAN_ROWS)
 
 
 def _make_runner(
@@ -590,15 +603,14 @@ def exec_(
 
     Example: autotune exec --nproc 2 -- train.py --deepspeed ds_config_optimal.json
     """
-    import os
     import subprocess
 
     from autotune.deepspeed import SERVED_VERSION
-    from autotune.runner.process import own_import_root
-    from autotune.script_target import ScriptError, ScriptTarget
+    from autotune.deepspeed.launcher import exec_command
+    from autotune.script_target import ScriptError
 
-    try:  # a missing script is one line here, not a traceback from every rank and torchrun
-        ScriptTarget.from_command(script)
+    try:
+        command, env = exec_command(script, nproc)
     except ScriptError as err:
         raise fail(str(err)) from None
     typer.echo(
@@ -607,14 +619,7 @@ def exec_(
         f"{SERVED_VERSION}",
         err=True,
     )
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    launched = [*torchrun, "--nproc_per_node", str(nproc), "-m", "autotune.deepspeed", *script]
-    # The ranks start with the working directory first on their path (``-m``): this autotune
-    # is on it too, so that a directory named autotune there cannot shadow it.
-    env, root = dict(os.environ), own_import_root()
-    if root is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), root]))
-    raise typer.Exit(subprocess.call(launched, env=env))
+    raise typer.Exit(subprocess.call(command, env=env))
 
 
 @app.callback()

@@ -19,9 +19,8 @@ from autotune.tuner.candidate import Phase
 from autotune.tuning import EventKind
 
 if TYPE_CHECKING:
+    from autotune.planning import Plan
     from autotune.tuner import TuningSummary
-    from autotune.tuner.hardware import Hardware
-    from autotune.tuner.plan import PlannedConfig
     from autotune.tuner.reasons import NotRunReason
     from autotune.tuning import TuningEvent, TuningReport
 
@@ -194,12 +193,71 @@ def print_report(console: Console, report: TuningReport) -> None:
         print_line(console, line)
 
 
-def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, source: str) -> None:
-    """``autotune plan``'s table: the predicted ranking, best first, for a person."""
+# Configurations the plan's table shows unless told (--top): the leaders, not every size.
+PLAN_ROWS = 20
+
+
+def plan_header(planned: Plan, shown: int) -> list[str]:
+    """What a plan predicts for, above its table: where its inputs came from, the model, the
+    device, how many rows of how many, and a cap on the micro-batch that memory did not set."""
+    model, hardware = planned.model, planned.hardware
+    source = "the constants a run fitted" if planned.fitted else "the datasheet"
+    sample = f", {planned.sample}" if planned.sample else ""
+    lines = [planned.origin] if planned.origin else []
+    lines += [
+        f"model: {planned.workload}, {_count_words(model.num_params)} parameters in "
+        f"{planned.precision}{sample}",
+        f"predicted on {planned.world_size} x {hardware.name} with "
+        f"{format_size(hardware.memory_bytes)} each ({source}); a prediction, not a "
+        "measurement: autotune run measures",
+    ]
+    total = len(planned.rows)
+    if shown < total:
+        lines.append(f"the best {shown} of {total} (--top N for more, --format json for all)")
+    if planned.micro_batch_cap is not None:
+        where = (
+            "the largest listed in train_micro_batch_size_per_gpu"
+            if planned.cap_listed
+            else "the config's cap (autotuning.max_train_micro_batch_size_per_gpu, "
+            "max_train_batch_size)"
+        )
+        lines.append(
+            f"note: the micro-batch stops at {planned.micro_batch_cap}, {where}, not at the "
+            "memory: raise it to plan larger ones"
+        )
+    return lines
+
+
+def _count_words(count: int) -> str:
+    """``5.8M``, ``1.3B``: a parameter count as people say it.
+
+    Example:
+        >>> _count_words(5_812_352), _count_words(1_300_000_000), _count_words(950)
+        ('5.8M', '1.3B', '950')
+    """
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f}{unit}"
+    return str(count)
+
+
+def _tflops_text(tflops: float) -> str:
+    """Three significant digits: a CPU rank's 0.00195 TFLOPS is not 0.0.
+
+    Example:
+        >>> _tflops_text(0.001953), _tflops_text(19.87), _tflops_text(312.4)
+        ('0.00195', '19.9', '312.4')
+    """
+    return f"{tflops:.1f}" if tflops >= 100 else f"{tflops:.3g}"
+
+
+def print_plan(planned: Plan, top: int = PLAN_ROWS) -> None:
+    """``autotune plan``'s table: what it is for, then the best ``top`` configurations."""
     console = output_console()
+    rows = planned.rows[:top]
     # Above the table, not its title: a title wraps at the table's width, mid-sentence.
-    print_line(console, f"predicted on {world_size} x {hardware.name} ({source})")
-    print_line(console, "a prediction, not a measurement: autotune run measures")
+    for line in plan_header(planned, len(rows)):
+        print_line(console, line)
     table = Table(
         box=box.SIMPLE_HEAD,  # no vertical rules: the eight columns fit 80 characters
         pad_edge=False,
@@ -217,7 +275,7 @@ def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, s
             f"{row.throughput:.1f}",
             f"{row.throughput_low:.0f}-{row.throughput_high:.0f}",
             f"{row.latency:.3f}",
-            f"{row.tflops_per_gpu:.1f}",
+            _tflops_text(row.tflops_per_gpu),
             format_size(row.memory_bytes),
             "yes" if row.fits else "no",
         )

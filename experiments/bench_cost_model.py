@@ -104,7 +104,7 @@ def published() -> list[dict[str, Any]]:
             gpus_per_node=16,
             hardware="v100-32gb",
         )
-        plan, _, _ = make_plan(request)
+        plan = make_plan(request).rows
         best_by_stage = {}
         largest = {}
         for row in plan:
