@@ -219,7 +219,13 @@ def notes(summary: TuningSummary) -> list[str]:
     tied = summary.num_tied
     noise = ""
     if summary.noise is not None:
-        assumed = "" if summary.noise_measured else ", assumed: nothing was measured twice"
+        # noise_measured: some configuration measured twice on a quiet machine, not merely
+        # twice (on a busy one every repeat can be disturbed).
+        assumed = (
+            ""
+            if summary.noise_measured
+            else ", assumed: no configuration was measured twice undisturbed"
+        )
         noise = f" ({summary.noise:.1%} run to run{assumed})"
     if tied > 2:
         lines.append(
