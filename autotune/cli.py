@@ -534,13 +534,9 @@ def report(
                 "configurations measured once are listed after those measured again: "
                 "one lucky run is not declared best"
             )
-        _report_console().print(table)
+        from autotune.display import output_console
 
-
-def _report_console() -> Any:
-    from autotune.display import output_console
-
-    return output_console()
+        output_console().print(table)
 
 
 def _cell(column: str, value: Any) -> str:
