@@ -263,10 +263,8 @@ def run(
     Script mode: autotune run [OPTIONS] -- train.py --deepspeed ds_config.json [ARGS...]
     """
     started_s = time.monotonic()  # autotuning.time_budget_s counts the cluster's start too
-    from rich.console import Console
-
     from autotune.api import RunRequest, load_job, started_runner
-    from autotune.display import Progress, print_report
+    from autotune.display import Progress, output_console, print_line, print_report
     from autotune.summary_text import stopped_line
     from autotune.tuning import tune
 
@@ -285,14 +283,13 @@ def run(
     )
     with _bad_input_exits(request, _job_errors):
         job = load_job(request)  # a bad config fails here, before anything starts
-    console = Console(stderr=False)
+    console = output_console()
 
     def header() -> None:
-        console.print(
+        print_line(
+            console,
             f"autotune: tuning {job.label} at world size {job.world_size} by "
             f"{job.config.autotuning.metric.value}; results in {job.results_path}",
-            highlight=False,
-            markup=False,
         )
 
     # The rest of the job is checked (torch imported, the workload run on the meta device)
@@ -403,8 +400,13 @@ class PlanFormat(str, enum.Enum):
 def plan(
     config: _ConfigOption = None,
     workload: Annotated[
-        str, typer.Option(help="As for run: gpt, mlp, hf:<model_type>, package.module:function.")
-    ] = DEFAULT_WORKLOAD,
+        str | None,
+        typer.Option(
+            help="As for run: gpt, mlp, hf:<model_type>, package.module:function "
+            "(default: --from's, else gpt).",
+            show_default=False,
+        ),
+    ] = None,
     workload_arg: _WorkloadArgOption = None,
     hardware: Annotated[
         str | None,
@@ -413,18 +415,26 @@ def plan(
             "h200-141gb) or a JSON file with the same fields.",
         ),
     ] = None,
-    world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = 8,
+    world_size: Annotated[
+        int | None,
+        typer.Option("--world-size", "-n", min=1, help="Default: --from's, else 8."),
+    ] = None,
     gpus_per_node: Annotated[
         int | None, typer.Option(min=1, help="Default: the hardware's usual node.")
     ] = None,
     from_dir: Annotated[
         Path | None,
         typer.Option(
-            "--from", help="A finished model_based run: predict with the constants it fitted."
+            "--from",
+            help="A finished model_based run: predict with the constants it fitted, for its "
+            "workload, config, world size and memory budget unless given.",
         ),
     ] = None,
     format: Annotated[PlanFormat, typer.Option("--format", "-f")] = PlanFormat.table,
-    top: Annotated[int | None, typer.Option(min=1, help="Show the best N only.")] = None,
+    top: Annotated[
+        int | None,
+        typer.Option(min=1, help="Show the best N only (default: 20 in the table, all in JSON)."),
+    ] = None,
 ) -> None:
     """Predict, without running anything, how each configuration would train on hardware
     you may not have: the ranking of the search space by the cost model, and what fits."""
@@ -434,24 +444,24 @@ def plan(
 
     try:
         request = PlanRequest(
-            config=read_config(config),
+            config=read_config(config) if config is not None or from_dir is None else None,
             workload=workload,
-            workload_args=parse_workload_args(workload_arg or []),
+            workload_args=parse_workload_args(workload_arg) if workload_arg else None,
             world_size=world_size,
             gpus_per_node=gpus_per_node,
             hardware=hardware,
             from_dir=from_dir,
         )
-        rows, device, fitted = make_plan(request)
+        planned = make_plan(request)
     except (ConfigError, WorkloadError) as err:
         raise fail(str(err)) from None
-    rows = rows[:top] if top else rows
     if format is PlanFormat.json:
+        rows = planned.rows[:top] if top else planned.rows
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
         return
-    from autotune.display import print_plan
+    from autotune.display import PLAN_ROWS, print_plan
 
-    print_plan(rows, device, world_size, source="a run's fit" if fitted else "the datasheet")
+    print_plan(planned, top or PLAN_ROWS)
 
 
 def _make_runner(
@@ -533,20 +543,9 @@ def report(
                 "configurations measured once are listed after those measured again: "
                 "one lucky run is not declared best"
             )
-        _report_console().print(table)
+        from autotune.display import output_console
 
-
-# Wide enough for any row of the report on one line; a table takes only the width it needs.
-_PIPED_WIDTH = 1000
-
-
-def _report_console() -> Any:
-    """A terminal's own width (rich reads it, or ``COLUMNS``); anything else (a file, a
-    pipe, a test) gets every row on one line, whatever terminal the command was started
-    from, rather than rich's 80 columns that fold the table."""
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=_PIPED_WIDTH)
+        output_console().print(table)
 
 
 def _cell(column: str, value: Any) -> str:
@@ -612,16 +611,20 @@ def exec_(
     import subprocess
 
     from autotune.deepspeed import SERVED_VERSION
+    from autotune.deepspeed.launcher import exec_command
+    from autotune.script_target import ScriptError
 
+    try:
+        command, env = exec_command(script, nproc)
+    except ScriptError as err:
+        raise fail(str(err)) from None
     typer.echo(
         f"autotune exec: {' '.join(script[:2] if script[:1] == ['-m'] else script[:1])} on "
         f"{nproc} rank(s), autotune's built-in ZeRO engine standing in for DeepSpeed "
         f"{SERVED_VERSION}",
         err=True,
     )
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    launched = [*torchrun, "--nproc_per_node", str(nproc), "-m", "autotune.deepspeed", *script]
-    raise typer.Exit(subprocess.call(launched))
+    raise typer.Exit(subprocess.call(command, env=env))
 
 
 @app.callback()

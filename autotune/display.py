@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -13,14 +14,13 @@ from rich.text import Text
 
 from autotune.config.sizes import format_size
 from autotune.metric import PEAK_MEMORY_LABEL
-from autotune.summary_text import not_run_label, not_run_text, report_lines
+from autotune.summary_text import counted, not_run_label, not_run_text, report_lines
 from autotune.tuner.candidate import Phase
 from autotune.tuning import EventKind
 
 if TYPE_CHECKING:
+    from autotune.planning import Plan
     from autotune.tuner import TuningSummary
-    from autotune.tuner.hardware import Hardware
-    from autotune.tuner.plan import PlannedConfig
     from autotune.tuner.reasons import NotRunReason
     from autotune.tuning import TuningEvent, TuningReport
 
@@ -31,6 +31,24 @@ DOING = {
     Phase.knobs: "tuning each ZeRO variant's knobs",
     Phase.remeasure: "measuring the leaders again, so that no single run decides the ranking",
 }
+
+
+# Off a terminal (a log, a pipe, a test), wide enough for any table row on one line; a
+# table takes only the width it needs.
+PIPED_WIDTH = 1000
+
+
+def output_console() -> Console:
+    """The console a command prints to: a terminal's own width (rich reads it, or
+    ``COLUMNS``); anything else gets every row on one line, whatever terminal the command was
+    started from, rather than rich's 80 columns that fold a table and split a command."""
+    return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+
+
+def print_line(console: Console, line: str) -> None:
+    """One line of plain text, never broken by rich: a command or a path in it stays whole
+    to copy (a terminal folds a long line only on screen)."""
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 class Progress:
@@ -62,7 +80,7 @@ class Progress:
     def __call__(self, event: TuningEvent) -> None:
         summary = event.summary
         if event.kind is EventKind.resumed:
-            self._log(f"resuming: {summary.num_run} experiments already finished")
+            self._log(f"resuming: {counted(summary.num_run, 'experiment')} already finished")
         elif event.kind is EventKind.started and event.candidate is not None:
             phase = event.candidate.phase
             if self.quiet and phase != self._logged_phase and phase in DOING:
@@ -75,7 +93,7 @@ class Progress:
             metric = summary.metric
             if result.metrics is not None:
                 what = f"ok  {metric.display(metric.of(result.metrics))}"
-            else:  # whole: the console wraps it at a word
+            else:  # whole, on one line: the terminal folds it on screen
                 what = f"{result.status.value}  {result.error or ''}"
             self._log(f"{result.name}: {what}  ({result.duration_s:.1f} s)")
             self.run_here += 1
@@ -85,7 +103,7 @@ class Progress:
             self._live.update(self._status(summary))
 
     def _log(self, line: str) -> None:
-        self.console.print(line, highlight=False, markup=False)
+        print_line(self.console, line)
 
     def _status(self, summary: TuningSummary) -> Table:
         elapsed = time.monotonic() - self.started
@@ -95,7 +113,7 @@ class Progress:
         table.add_row(
             "experiments",
             f"{done} of at most {summary.search_bound} ({summary.num_failed} failed/oom), "
-            f"{summary.num_not_run} not run",
+            f"{counted(summary.num_not_run, 'configuration')} not run",
         )
         doing = "; ".join(DOING[phase] for phase in self.phases if phase in DOING)
         if doing:
@@ -140,16 +158,23 @@ NAMES_PER_REASON = 6
 
 
 def not_run_lines(summary: TuningSummary) -> list[str]:
-    """``not run: N``, then one line per reason (its kind and details, not its words): how
-    many, why, and which."""
+    """``not run: N configurations``, then one line per reason (its kind and details, not its
+    words): how many configurations, why, and which (a whole variant by its label)."""
     by_reason: dict[NotRunReason, list[str]] = {}
     for name, why in summary.not_run.items():
         by_reason.setdefault(why, []).append(name)
-    lines = [f"not run: {summary.num_not_run}"]
-    for why, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
-        shown = ", ".join(not_run_label(name) for name in names[:NAMES_PER_REASON])
+    counts = summary.not_run_counts
+
+    def configurations(names: list[str]) -> int:
+        return sum(counts.get(name, 1) for name in names)
+
+    lines = [f"not run: {counted(summary.num_not_run, 'configuration')}"]
+    for why, names in sorted(by_reason.items(), key=lambda item: -configurations(item[1])):
+        shown = ", ".join(
+            not_run_label(name, counts.get(name)) for name in names[:NAMES_PER_REASON]
+        )
         more = f" and {len(names) - NAMES_PER_REASON} more" if len(names) > NAMES_PER_REASON else ""
-        lines.append(f"  {len(names)} {not_run_text(why)}: {shown}{more}")
+        lines.append(f"  {configurations(names)} {not_run_text(why)}: {shown}{more}")
     return lines
 
 
@@ -165,15 +190,74 @@ def print_report(console: Console, report: TuningReport) -> None:
         not_run_lines(summary),
     )
     for line in lines:
-        console.print(line, highlight=False, markup=False)
+        print_line(console, line)
 
 
-def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, source: str) -> None:
-    """``autotune plan``'s table: the predicted ranking, best first, for a person."""
-    console = Console()
+# Configurations the plan's table shows unless told (--top): the leaders, not every size.
+PLAN_ROWS = 20
+
+
+def plan_header(planned: Plan, shown: int) -> list[str]:
+    """What a plan predicts for, above its table: where its inputs came from, the model, the
+    device, how many rows of how many, and a cap on the micro-batch that memory did not set."""
+    model, hardware = planned.model, planned.hardware
+    source = "the constants a run fitted" if planned.fitted else "the datasheet"
+    sample = f", {planned.sample}" if planned.sample else ""
+    lines = [planned.origin] if planned.origin else []
+    lines += [
+        f"model: {planned.workload}, {_count_words(model.num_params)} parameters in "
+        f"{planned.precision}{sample}",
+        f"predicted on {planned.world_size} x {hardware.name} with "
+        f"{format_size(hardware.memory_bytes)} each ({source}); a prediction, not a "
+        "measurement: autotune run measures",
+    ]
+    total = len(planned.rows)
+    if shown < total:
+        lines.append(f"the best {shown} of {total} (--top N for more, --format json for all)")
+    if planned.micro_batch_cap is not None:
+        where = (
+            "the largest listed in train_micro_batch_size_per_gpu"
+            if planned.cap_listed
+            else "the config's cap (autotuning.max_train_micro_batch_size_per_gpu, "
+            "max_train_batch_size)"
+        )
+        lines.append(
+            f"note: the micro-batch stops at {planned.micro_batch_cap}, {where}, not at the "
+            "memory: raise it to plan larger ones"
+        )
+    return lines
+
+
+def _count_words(count: int) -> str:
+    """``5.8M``, ``1.3B``: a parameter count as people say it.
+
+    Example:
+        >>> _count_words(5_812_352), _count_words(1_300_000_000), _count_words(950)
+        ('5.8M', '1.3B', '950')
+    """
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f}{unit}"
+    return str(count)
+
+
+def _tflops_text(tflops: float) -> str:
+    """Three significant digits: a CPU rank's 0.00195 TFLOPS is not 0.0.
+
+    Example:
+        >>> _tflops_text(0.001953), _tflops_text(19.87), _tflops_text(312.4)
+        ('0.00195', '19.9', '312.4')
+    """
+    return f"{tflops:.1f}" if tflops >= 100 else f"{tflops:.3g}"
+
+
+def print_plan(planned: Plan, top: int = PLAN_ROWS) -> None:
+    """``autotune plan``'s table: what it is for, then the best ``top`` configurations."""
+    console = output_console()
+    rows = planned.rows[:top]
     # Above the table, not its title: a title wraps at the table's width, mid-sentence.
-    console.print(f"predicted on {world_size} x {hardware.name} ({source})", markup=False)
-    console.print("a prediction, not a measurement: autotune run measures", markup=False)
+    for line in plan_header(planned, len(rows)):
+        print_line(console, line)
     table = Table(
         box=box.SIMPLE_HEAD,  # no vertical rules: the eight columns fit 80 characters
         pad_edge=False,
@@ -191,7 +275,7 @@ def print_plan(rows: list[PlannedConfig], hardware: Hardware, world_size: int, s
             f"{row.throughput:.1f}",
             f"{row.throughput_low:.0f}-{row.throughput_high:.0f}",
             f"{row.latency:.3f}",
-            f"{row.tflops_per_gpu:.1f}",
+            _tflops_text(row.tflops_per_gpu),
             format_size(row.memory_bytes),
             "yes" if row.fits else "no",
         )

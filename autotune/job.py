@@ -124,6 +124,9 @@ class TuningJob:
                 "profile_window": window,
                 "engine": self.config.autotuning.engine.value,
             },
+            # Not what makes the job (resuming with more trials is the same job): what
+            # `autotune plan --from` needs to plan its space (the micro-batch cap, the metric).
+            "autotuning": tuning,
             "versions": {
                 "autotune": autotune.__version__,
                 "torch": torch.__version__,

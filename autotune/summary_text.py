@@ -5,6 +5,7 @@ tuner keeps them as data, :mod:`autotune.tuner.reasons`)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from autotune.runner.measuring_engine import measuring_engine
@@ -70,6 +71,37 @@ _NO_STOP_TEXT = {
 }
 
 
+# A terminal's colour codes, as Ray's messages carry them; in a file they are noise.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one.
+
+    Example:
+        >>> counted(1, "experiment"), counted(0, "configuration")
+        ('1 experiment', '0 configurations')
+    """
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def one_line(text: str) -> str:
+    r"""An error as a summary shows it: its first line, without a terminal's colour codes
+    (the whole of it, traceback included, is the experiment's ``error.txt``).
+
+    Example:
+        >>> one_line("\x1b[36mray::Rank\x1b[39m failed\n  File 'a.py', line 1\n    ^^^^")
+        'ray::Rank failed'
+    """
+    lines = [line.strip() for line in _ANSI_ESCAPE.sub("", text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def failed_lines(summary: TuningSummary) -> list[str]:
+    """The failed experiments, one line each: ``  name: error``."""
+    return [f"  {name}: {one_line(why)}" for name, why in summary.failed.items()]
+
+
 def stop_text(stop: StopReason | None) -> str:
     """Why the search stopped, in words.
 
@@ -79,7 +111,7 @@ def stop_text(stop: StopReason | None) -> str:
     """
     if stop is None:
         return "search complete"
-    return _STOP_TEXT[stop.kind].format(*stop.details)
+    return one_line(_STOP_TEXT[stop.kind].format(*stop.details))
 
 
 def not_run_text(reason: NotRunReason) -> str:
@@ -143,15 +175,42 @@ def summary_json(
 _VARIANT_LABELS = {Variant(stage, offload).label for stage in range(4) for offload in (False, True)}
 
 
-def not_run_label(name: str) -> str:
-    """How a configuration not run is listed: its name, or for a whole ZeRO variant its
-    label saying so (a bare ``z3`` reads as a configuration).
+def not_run_label(name: str, count: int | None = None) -> str:
+    """How something not run is listed: a configuration by its name; a whole ZeRO variant
+    by its label saying so (a bare ``z3`` reads as a configuration) and, with ``count``, how
+    many micro-batch sizes that is; a range by its name and how many configurations.
 
     Example:
-        >>> not_run_label("z3"), not_run_label("z3_mbs4"), not_run_label("micro-batch >= 16")
-        ('z3 (every micro-batch)', 'z3_mbs4', 'micro-batch >= 16')
+        >>> not_run_label("z3"), not_run_label("z3", 31), not_run_label("z3_mbs4", 1)
+        ('z3 (every micro-batch)', 'z3 (31 micro-batch sizes)', 'z3_mbs4')
+        >>> not_run_label("micro-batch >= 16", 34)
+        'micro-batch >= 16 (34 configurations)'
     """
-    return f"{name} (every micro-batch)" if name in _VARIANT_LABELS else name
+    if name in _VARIANT_LABELS:
+        return (
+            f"{name} (every micro-batch)"
+            if count is None
+            else f"{name} ({counted(count, 'micro-batch size')})"
+        )
+    if count is None or _NAMED_COUNT.fullmatch(name) or (count == 1 and " " not in name):
+        return name
+    return f"{name} ({counted(count, 'configuration')})"
+
+
+# model_based's entry for the configurations of a variant it never measured names the count.
+_NAMED_COUNT = re.compile(r"\S+: \d+ configurations")
+
+
+def not_run_lines_in_full(summary: TuningSummary) -> list[str]:
+    """``not run: N configurations``, then every entry with why (``summary.txt``)."""
+    counts = summary.not_run_counts
+    return [
+        f"not run: {counted(summary.num_not_run, 'configuration')}",
+        *(
+            f"  {not_run_label(name, counts.get(name))}: {not_run_text(why)}"
+            for name, why in summary.not_run.items()
+        ),
+    ]
 
 
 def notes(summary: TuningSummary) -> list[str]:
@@ -160,7 +219,13 @@ def notes(summary: TuningSummary) -> list[str]:
     tied = summary.num_tied
     noise = ""
     if summary.noise is not None:
-        assumed = "" if summary.noise_measured else ", assumed: nothing was measured twice"
+        # noise_measured: some configuration measured twice on a quiet machine, not merely
+        # twice (on a busy one every repeat can be disturbed).
+        assumed = (
+            ""
+            if summary.noise_measured
+            else ", assumed: no configuration was measured twice undisturbed"
+        )
         noise = f" ({summary.noise:.1%} run to run{assumed})"
     if tied > 2:
         lines.append(
@@ -182,10 +247,15 @@ def notes(summary: TuningSummary) -> list[str]:
         seconds = sorted(summary.short_windows.values())
         wanted = math.ceil(summary.window_steps * 0.5 / max(seconds[0], 1e-6))
         which = "configuration" if len(seconds) == 1 else f"{len(seconds)} configurations"
+        them = "it" if len(seconds) == 1 else "them"
+        # Whether any was measured again (as the leader's check, say): never to separate them.
+        runs = {ranked.name: ranked.num_measurements for ranked in summary.ranking}
+        again = any(runs.get(name, 1) > 1 for name in summary.short_windows)
+        how = "measured again only as a check, never" if again else "not measured again"
         lines.append(
             f"note: the profile window of {which} lasted {seconds[0]:.2f}-{seconds[-1]:.2f}"
             " s (median over its runs), too short to rank on (one busy millisecond is a "
-            "large share of it): measured again but not raced. Lengthen it: about "
+            f"large share of it): {how} to separate {them} from the rest. Lengthen it: about "
             f"{wanted} steps between start_profile_step and end_profile_step (the script "
             "must run that many)"
         )
@@ -225,6 +295,21 @@ def train_with(job: TuningJob, optimal_path: Path, command: str | None) -> str:
     return engine.training_hint(optimal_path, job.world_size)
 
 
+def experiment_counts(summary: TuningSummary) -> str:
+    """``5 experiments (4 configurations, 1 measured again)``: what ran, as every output
+    says it.
+
+    Example:
+        >>> from autotune.config import Metric
+        >>> from autotune.tuner import TuningSummary
+        >>> experiment_counts(TuningSummary(Metric.throughput, (), None, {}, {}, None, 1, 0))
+        '1 experiment (1 configuration)'
+    """
+    searched = summary.num_run - summary.num_remeasured
+    again = f", {summary.num_remeasured} measured again" if summary.num_remeasured else ""
+    return f"{counted(summary.num_run, 'experiment')} ({counted(searched, 'configuration')}{again})"
+
+
 def report_lines(
     summary: TuningSummary,
     num_resumed: int,
@@ -235,12 +320,10 @@ def report_lines(
     """The console's report under its ranked table: the counts, why the search stopped, the
     failures, what did not run (``not_run``, grouped for a screen), the notes, and the
     config to train with (``training``: see :func:`train_with`)."""
-    searched = summary.num_run - summary.num_remeasured
     lines = [
-        f"{summary.num_run} experiments ({searched} searched, {summary.num_remeasured} "
-        f"re-measured; {num_resumed} from earlier runs), {summary.num_failed} failed or "
-        f"out of memory; {stopped_line(summary)}",
-        *(f"  {name}: {why}" for name, why in summary.failed.items()),
+        f"{experiment_counts(summary)}, {summary.num_failed} failed or out of memory "
+        f"({num_resumed} from earlier runs); {stopped_line(summary)}",
+        *failed_lines(summary),
         *not_run,
         *notes(summary),
     ]
@@ -259,9 +342,9 @@ def format_summary(
     metric = summary.metric.value
     lines = [
         f"autotune: {job.label} at world size {job.world_size}, metric {metric}",
-        f"experiments run: {summary.num_run} ({summary.num_run - summary.num_remeasured} "
-        f"searched, {summary.num_remeasured} re-measured; failed {summary.num_failed}), "
-        f"not run: {summary.num_not_run}, tuning time: {summary.tuning_time_s:.0f} s",
+        f"{experiment_counts(summary)}, {summary.num_failed} failed or out of memory; not run: "
+        f"{counted(summary.num_not_run, 'configuration')}; tuning time: "
+        f"{summary.tuning_time_s:.0f} s",
         stopped_line(summary),
     ]
     if summary.num_infrastructure_retries:
@@ -287,9 +370,6 @@ def format_summary(
             lines.append(f"  {variant:12s} {ranked.name:40s} {metric} {shown}")
     if summary.failed:
         lines.append(f"failed: {summary.num_failed}")
-        lines += [f"  {name}: {why}" for name, why in summary.failed.items()]
-    lines.append(f"not run: {summary.num_not_run}")
-    lines += [
-        f"  {not_run_label(name)}: {not_run_text(why)}" for name, why in summary.not_run.items()
-    ]
+        lines += failed_lines(summary)
+    lines += not_run_lines_in_full(summary)
     return "\n".join(lines)

@@ -129,6 +129,8 @@ def test_run_exits_1_naming_the_error_when_every_experiment_fails_alike(
         ),
         (["validate"], "error: missing argument 'config' (see autotune validate --help)"),
         (["rn"], "error: no such command 'rn'. Did you mean 'run'? (see autotune --help)"),
+        # Checked before torchrun starts, not a traceback from each rank and torchrun.
+        (["exec", "-n", "2", "--", "nosuch.py"], "error: script 'nosuch.py' does not exist"),
     ],
 )
 def test_a_bad_flag_value_or_command_is_one_line_naming_it(args: list[str], line: str) -> None:

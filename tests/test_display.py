@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
 from autotune.config import Metric
-from autotune.display import Progress, not_run_lines
+from autotune.display import Progress, not_run_lines, print_report
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.tuner import TuningSummary
 from autotune.tuner.candidate import Phase
@@ -96,8 +97,25 @@ def test_a_zero_variant_not_run_is_named_as_the_whole_variant() -> None:
         },
     )
     assert not_run_lines(summary) == [
-        "not run: 3",
+        "not run: 3 configurations",
         "  2 not reached: the search ended first (search complete): z3 (every micro-batch), "
         "z3_mbs4",
         "  1 pruned by the memory estimate: z2_ocpu (every micro-batch)",
     ]
+    # Counted, a whole variant is as many configurations as it has micro-batch sizes.
+    counted = replace(summary, not_run_counts={"z3": 31, "z3_mbs4": 1, "z2_ocpu": 32})
+    assert not_run_lines(counted) == [
+        "not run: 64 configurations",
+        "  32 not reached: the search ended first (search complete): z3 (31 micro-batch "
+        "sizes), z3_mbs4",
+        "  32 pruned by the memory estimate: z2_ocpu (32 micro-batch sizes)",
+    ]
+
+
+def test_a_report_line_is_never_broken_however_narrow_the_console(tmp_path: Path) -> None:
+    report = tune(tuning_job(tmp_path), FakeCluster(fits=3))
+    command = "torchrun --nproc_per_node 2 " + "/a/long/path/" * 12 + "train.py"
+    out = io.StringIO()
+    print_report(Console(file=out, width=40), replace(report, train_with=command))
+    assert f"train with it: {command}" in out.getvalue().splitlines()
+    assert f"optimal config: {report.optimal_config_path}" in out.getvalue().splitlines()

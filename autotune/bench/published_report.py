@@ -51,7 +51,8 @@ def deepspeed_report(table: DeepSpeedTable) -> dict[str, Any]:
         gpus_per_node=16,
         hardware="v100-32gb",
     )
-    rows, hardware, _ = make_plan(request)
+    planned = make_plan(request)
+    rows, hardware = planned.rows, planned.hardware
     topology = Topology(16, 16, table.precision)
     model = CostModel.from_prior(prior_for(hardware, topology))
     shape = ModelShape.from_info(deepspeed_model(table.name))
@@ -126,7 +127,7 @@ def mpt_sweep() -> dict[str, Any]:
         "autotuning": {"fast": True},
     }
     request = PlanRequest(config, "gpt", MPT_7B, world_size=8, hardware="a100-80gb")
-    rows, _, _ = make_plan(request)
+    rows = make_plan(request).rows
     plain = [r for r in rows if r.fits and not r.activation_checkpointing]
     checkpointed = [r for r in rows if r.fits and r.activation_checkpointing]
     by_size = {r.micro_batch_size: r.throughput for r in plain}

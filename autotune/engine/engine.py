@@ -23,6 +23,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,9 @@ class ZeroEngine(nn.Module):
             if self.stage3 is not None or self._activations is not None
             else nullcontext()
         )
-        with saved:
+        early = partial(self._check_memory, "in forward") if self.stage3 is None else None
+        deciding = self._activations.deciding_early(early) if self._activations else nullcontext()
+        with saved, deciding:  # over the budget: see ActivationTracker.deciding_early
             output = self.module(*args, **kwargs)
         self._check_memory("in forward")
         return output

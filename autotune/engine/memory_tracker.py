@@ -10,7 +10,9 @@ GPU's would: exceed it and training raises ``torch.OutOfMemoryError``.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -93,6 +95,7 @@ class ActivationTracker:
         self._tracker = tracker
         self._refs: Counter[int] = Counter()
         self.excluded: set[int] = set()
+        self._over_budget: Callable[[], None] | None = None  # see deciding_early
 
     def pack(self, tensor: torch.Tensor) -> object:
         storage = tensor.untyped_storage()
@@ -101,8 +104,30 @@ class ActivationTracker:
             return tensor
         if self._refs[key] == 0:
             self._tracker.add("activations", storage.nbytes())
+            if self._over_budget is not None and self._tracker.exceeded():
+                self._tracker.add("activations", -storage.nbytes())  # never saved
+                self._over_budget()
         self._refs[key] += 1
         return _Saved(tensor, key, storage.nbytes(), self)
+
+    @contextlib.contextmanager
+    def deciding_early(self, over_budget: Callable[[], None] | None) -> Iterator[None]:
+        """Inside, a saved tensor that takes the account over the budget calls
+        ``over_budget`` (which raises the out-of-memory error), as a GPU's allocator raises at
+        the allocation that does not fit; None: the caller decides after its forward.
+
+        Otherwise an out-of-memory probe far over the budget first runs its whole forward,
+        holding every activation in host RAM: measured on 2 cores, 7.6 s of an experiment
+        at 128 samples of the default gpt. The engine's ``over_budget`` all-reduces, so ranks
+        still decide together: a peer meets that all-reduce where it goes over too, or at
+        its forward's end. Only for a forward with no collective of its own, then (not
+        stage 3's, which gathers parameters), and not backward's recomputation.
+        """
+        self._over_budget = over_budget
+        try:
+            yield
+        finally:
+            self._over_budget = None
 
     @staticmethod
     def unpack(saved: object) -> torch.Tensor:

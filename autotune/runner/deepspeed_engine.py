@@ -129,28 +129,77 @@ EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
 
 
 def extensions_dir() -> str:
-    """This installation's own folder for DeepSpeed's JIT-built ops.
+    """The folder DeepSpeed's JIT-built ops are built in and loaded from: PyTorch's default,
+    where DeepSpeed run directly (its launcher, its own autotuner) builds them too, unless
+    another installation's builds are there.
 
     PyTorch's default folder is one per Python and CUDA version, shared by every environment
     of the user; an op's build names the environment's include paths, so an op built by
     another environment's DeepSpeed is rebuilt (60-80 s each on 2 cores) while every rank
     that loads it waits on the build's lock, and rebuilt again when that environment loads
     it next. Measured with four environments on one machine: first experiments of 65-87 s,
-    and one cut by its 90 s timeout. Keyed by DeepSpeed's location and the torch, CUDA and
-    Python versions, each installation builds its ops once.
+    and one cut by its 90 s timeout. Where another installation built there, this one takes
+    a folder of its own (:func:`own_extensions_dir`). Otherwise the default is shared: a
+    folder of autotune's own made a fresh machine build every op twice, once for DeepSpeed
+    run directly and once for autotune (the head-to-head with DeepSpeed's autotuner, cold).
+    A folder of its own that already holds builds is kept while the default holds none.
     """
-    import sys
-
     import torch
     from torch.utils.cpp_extension import get_default_build_root
 
-    spec = importlib.util.find_spec("deepspeed")
-    where = os.path.dirname(spec.origin) if spec is not None and spec.origin else ""
-    versions = f"py{sys.version_info.major}{sys.version_info.minor}_" + (
-        f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    shared = os.path.join(get_default_build_root(), _build_folder())
+    own = own_extensions_dir()
+    ours = (_deepspeed_dir(), os.path.dirname(torch.__file__))
+    builders = [
+        _built_by(path, ours) for path in glob.glob(os.path.join(shared, "*", "build.ninja"))
+    ]
+    if not all(builders):
+        return own
+    if not builders and glob.glob(os.path.join(own, "*", "build.ninja")):
+        return own
+    return shared
+
+
+def own_extensions_dir() -> str:
+    """This installation's own folder for DeepSpeed's ops, beside PyTorch's default: keyed by
+    DeepSpeed's location and the torch, CUDA and Python versions, each installation builds
+    its ops once."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    key = hashlib.sha256(f"{_deepspeed_dir()}\0{torch.__version__}".encode()).hexdigest()[:12]
+    return os.path.join(get_default_build_root(), f"{_build_folder()}_deepspeed_{key}")
+
+
+def _build_folder() -> str:
+    """PyTorch's folder for builds of this Python and CUDA version (``py311_cu124``,
+    ``py311_cpu``), as ``torch.utils.cpp_extension`` names it under its default root."""
+    import sys
+
+    import torch
+
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    hip, cuda = getattr(torch.version, "hip", None), torch.version.cuda
+    accelerator = (
+        f"rocm{hip.replace('.', '')}" if hip else f"cu{cuda.replace('.', '')}" if cuda else "cpu"
     )
-    key = hashlib.sha256(f"{where}\0{torch.__version__}".encode()).hexdigest()[:12]
-    return os.path.join(get_default_build_root(), f"{versions}_deepspeed_{key}")
+    return f"{python}_{accelerator}"
+
+
+def _deepspeed_dir() -> str:
+    spec = importlib.util.find_spec("deepspeed")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else ""
+
+
+def _built_by(build_file: str, installation: tuple[str, ...]) -> bool:
+    """Whether the op that ``build_file`` (its ``build.ninja``) builds was built by
+    ``installation`` (DeepSpeed's and torch's folders): its commands name both."""
+    try:
+        with open(build_file) as build:
+            text = build.read()
+    except OSError:  # gone, or being written: nobody else's build to avoid
+        return True
+    return all(os.path.join(folder, "") in text for folder in installation if folder)
 
 
 _cpu_info_remembered = False

@@ -1,11 +1,13 @@
 """What runners and ranks need of their process and host: environment entries set for a while,
 torchrun's variables, a free port or one held for a rendezvous, the time, the process's own
-status."""
+status, and the import path that makes a fresh process import this autotune."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -28,6 +30,34 @@ def entries_set(mapping: MutableMapping[str, _V], updates: Mapping[str, _V]) -> 
                 mapping.pop(key, None)
             else:
                 mapping[key] = value
+
+
+def interpreter_dirs() -> tuple[str, ...]:
+    """The interpreter's own directories (stdlib, site-packages live under them)."""
+    return tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+
+
+def own_import_root() -> str | None:
+    """The folder this autotune package is imported from, for the import path of a fresh
+    process (a Ray worker, a torchrun rank); None where it is installed in the interpreter.
+
+    An editable install (``pip install -e``, as ``install.sh`` does) imports autotune through
+    a finder that Python consults only after every folder on ``sys.path``. A fresh process
+    whose path holds a folder with an ``autotune`` directory without ``__init__.py`` (a clone
+    of autotune seen from the folder above it: Ray and ``python -m`` put the working
+    directory first) then imports that directory as a namespace package, and
+    ``autotune.results.files`` is not found. With this folder anywhere on the path, the real
+    package wins: a package with ``__init__.py`` beats a namespace portion wherever each is.
+
+    Example:
+        >>> import autotune
+        >>> root = own_import_root()
+        >>> root is None or os.path.isfile(os.path.join(root, "autotune", "__init__.py"))
+        True
+    """
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autotune/
+    root = os.path.dirname(package)
+    return None if root.startswith(interpreter_dirs()) else root
 
 
 def torchrun_env(world_size: int, rank: int, init_method: str, device: Any) -> dict[str, str]:

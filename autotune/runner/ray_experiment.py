@@ -158,7 +158,7 @@ class RunningExperiment:
                     status=Status.error,
                     error=f"RankLost: rank {rank} actor was lost before the experiment began "
                     f"({_death_cause(exc)})",
-                    error_detail=str(exc),
+                    error_detail=_ANSI_ESCAPE.sub("", str(exc)),
                     failed_at=time.time(),
                     node_id=self.gang.node_id(rank),
                     infrastructure=True,
@@ -166,7 +166,11 @@ class RunningExperiment:
             return self._actor_lost(rank, exc)
         except ray.exceptions.RayError as exc:  # e.g. the spec could not be unpickled
             self.gang_broken = True  # its state is unknown: do not reuse it
-            return replace(failure_outcome(rank, exc), node_id=self.gang.node_id(rank))
+            # A task's error is Ray's wrapper, whose first line names the actor's process
+            # (in colour); the exception it wraps names the problem.
+            cause = getattr(exc, "cause", None)
+            raised = cause if isinstance(cause, BaseException) else exc
+            return replace(failure_outcome(rank, raised), node_id=self.gang.node_id(rank))
 
     def _lost_before_it_began(self, rank: int) -> bool:
         """Whether ``rank``'s actor was gone before its part of the experiment began: its
@@ -202,7 +206,7 @@ class RunningExperiment:
             rank=rank,
             status=status,
             error=error,
-            error_detail=str(exc),
+            error_detail=_ANSI_ESCAPE.sub("", str(exc)),
             failed_at=time.time(),
             peer_failure=peer_failure,
             node_id=self.gang.node_id(rank),
@@ -213,10 +217,33 @@ class RunningExperiment:
         return actor_id.hex() if actor_id is not None else None
 
 
+# Ray colours the process names in its messages for a terminal; in a file they are noise.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# The lines of Ray's actor-death message that name this actor and its process, not why it
+# died: they differ from one actor to the next, so two deaths alike would read differently.
+_ACTOR_ID_LINE = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip):")
+
+
 def _death_cause(exc: BaseException) -> str:
-    """The part of Ray's actor-death message that says why, e.g. the worker exit detail."""
-    text = " ".join(str(exc).split())
-    match = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?)(?: Some common|$)", text)
+    r"""Why an actor died, on one line: for an actor whose start raised, the exception its
+    start raised (Ray's message is that traceback, whose last line names it); else the
+    worker's exit detail, or Ray's message less the lines that name the actor.
+
+    Example:
+        >>> import ray
+        >>> exc = ray.exceptions.RayActorError(error_msg="The actor died because of an error "
+        ...     "raised in its creation task, \x1b[36mray::A.__init__()\x1b[39m (pid=7)\n"
+        ...     "  File \"a.py\", line 1, in __init__\nModuleNotFoundError: No module named 'x'",
+        ...     actor_init_failed=True)
+        >>> _death_cause(exc)
+        "its start raised ModuleNotFoundError: No module named 'x'"
+    """
+    text = _ANSI_ESCAPE.sub("", str(exc))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if getattr(exc, "actor_init_failed", False) and lines:
+        return f"its start raised {lines[-1]}"
+    flat = " ".join(text.split())
+    match = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?)(?: Some common|$)", flat)
     if match:
         return f"{match.group(1)}: {match.group(2).strip()}"
-    return text[:300]
+    return " ".join(line for line in lines if not _ACTOR_ID_LINE.match(line))[:300]

@@ -29,7 +29,14 @@ from autotune.config.autotuning import EngineName
 from autotune.experiment import ExperimentSpec
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.runner.outcome import RankOutcome, failure_outcome
-from autotune.runner.process import PortReservation, PortReserver, proc_status, reserve_port
+from autotune.runner.process import (
+    PortReservation,
+    PortReserver,
+    interpreter_dirs,
+    own_import_root,
+    proc_status,
+    reserve_port,
+)
 
 RankFn = Callable[[ExperimentSpec, int, str], RankOutcome]
 """What a rank actor runs: ``(spec, rank, init_method) -> RankOutcome``, never raising."""
@@ -88,11 +95,15 @@ class DriverPaths:
     @classmethod
     def capture(cls) -> DriverPaths:
         # The interpreter's own directories (stdlib, site-packages) are left out: on another
-        # node they could shadow that node's installation.
-        installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+        # node they could shadow that node's installation. The folder autotune is imported
+        # from goes last, so that a directory named autotune in the working directory (a
+        # clone, seen from the folder that holds it) cannot shadow it in a worker.
+        installed = interpreter_dirs()
         paths = [os.getcwd()] + [
             os.path.abspath(p) for p in sys.path if p and not p.startswith(installed)
         ]
+        root = own_import_root()
+        paths += [root] if root is not None else []
         return cls(cwd=os.getcwd(), sys_path=tuple(dict.fromkeys(paths)))
 
     def apply(self) -> None:

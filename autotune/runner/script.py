@@ -80,7 +80,10 @@ class ScriptObserver:
 
     FLOPs are counted over one whole optimizer step (forward and backward of every
     micro-batch) with ``FlopCounterMode``: step 1 when it is warm-up, else the step after the
-    window, so counting never slows a timed step. A window slower than
+    window, so counting never slows a timed step; and only while the job does not know them
+    (``spec.flops_per_sample``, from the first experiment that measured the model): counting
+    slows its step (measured on 2 cores: 0.4-0.9 s of every experiment's warm-up, and with
+    the window from step 1 a whole step more after it). A window slower than
     ``spec.stop_above_step_s`` ends after the step that shows it, as the full window ends
     after its last step (see :func:`autotune.profiling.window.ends_early`).
     """
@@ -93,7 +96,9 @@ class ScriptObserver:
         self.engine: Any = None
         self.timer = StepTimer(sync=self._sync)
         start, end = spec.start_profile_step, spec.end_profile_step
-        self.flop_step = 1 if start > 1 else end + 1
+        # Step 0 is never a step: known FLOPs are not counted again.
+        counted = spec.flops_per_sample is None
+        self.flop_step = 0 if not counted else 1 if start > 1 else end + 1
         self.last_step = max(end, self.flop_step)
         self.flops_per_step: float | None = None
         self._counter: Any = None
@@ -224,10 +229,14 @@ class ScriptObserver:
             # No accounting of kinds: what the window added on top of what was held.
             activations = max(0, peak - self._held_at_window_bytes)
         params = list({id(p): p for p in engine.module.parameters()}.values())
+        train_batch_size = int(engine.train_batch_size())
+        flops_per_step = self.flops_per_step
+        if flops_per_step is None and self.spec.flops_per_sample is not None:
+            flops_per_step = self.spec.flops_per_sample * train_batch_size / self.spec.world_size
         metrics = Metrics.from_window(
             self.timer.durations_s,
-            train_batch_size=int(engine.train_batch_size()),
-            flops_per_step=self.flops_per_step or 0.0,
+            train_batch_size=train_batch_size,
+            flops_per_step=flops_per_step or 0.0,
             peak_memory_bytes=peak,
         )
         return replace(

@@ -172,14 +172,16 @@ class TuningSpace:
             key that is not being tuned there), so every candidate is a concrete config.
         base: the user's value at every key a candidate may set (for names).
         pruned: variant label → why it is not tried.
+        sizes: the micro-batch sizes the config allows (those of a variant pruned before the
+            search are its configurations not run).
     """
 
     plans: tuple[VariantPlan, ...]
     fixed: Mapping[str, Any]
     base: Mapping[str, Any]
     pruned: Mapping[str, str] = field(default_factory=dict)
+    sizes: tuple[int, ...] = ()
     stages: tuple[int, ...] = ALL_STAGES
-    largest_micro_batch: int = 1
 
     def overrides(
         self, variant: Variant, micro_batch_size: int, knobs: Mapping[str, Any] | None = None
@@ -198,7 +200,7 @@ class TuningSpace:
         where it is offloaded, and each tuned knob under its dotted key.
 
         Example:
-            >>> space = TuningSpace((), {}, {}, stages=(1, 2), largest_micro_batch=64)
+            >>> space = TuningSpace((), {}, {}, sizes=(8, 16, 64), stages=(1, 2))
             >>> knobs = (("zero_optimization.overlap_comm", True),)
             >>> params, dists = space.trial_params(Variant(2), 8, knobs)
             >>> params
@@ -211,7 +213,7 @@ class TuningSpace:
         from autotune.tuner.trials import MICRO_BATCH_PARAM, OFFLOAD_PARAM, STAGE_PARAM
 
         stages = self.stages if variant.stage in self.stages else (*self.stages, variant.stage)
-        largest = max(self.largest_micro_batch, micro_batch_size)
+        largest = max((*self.sizes, micro_batch_size))
         params: dict[str, Any] = {STAGE_PARAM: variant.stage, MICRO_BATCH_PARAM: micro_batch_size}
         dists: dict[str, BaseDistribution] = {
             STAGE_PARAM: CategoricalDistribution(stages),
@@ -358,7 +360,7 @@ def build_space(
                 variant, tuple(valid), start, count, knobs, estimate, halving=not user_chose_sizes
             )
         )
-    return TuningSpace(tuple(plans), fixed, base, pruned, _stages(config), sizes[-1])
+    return TuningSpace(tuple(plans), fixed, base, pruned, tuple(sizes), _stages(config))
 
 
 def _states_fit(estimate: MemoryEstimate, micro_batch_size: int) -> bool:

@@ -3,8 +3,10 @@ tuner's record of the run becomes it (:func:`summarize`)."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +71,9 @@ class TuningSummary:
             uncertainties, see :meth:`autotune.tuner.cost_model.CostModel.to_dict`).
         num_infrastructure_retries: experiments run again by the runner after a failure of
             the machinery, not of the configuration (a port taken, a rank lost before it began).
+        not_run_counts: how many configurations each entry of ``not_run`` stands for (a
+            whole variant, a micro-batch range; each counted once, under its most specific
+            entry, and none that ran); an entry missing from it is one configuration.
     """
 
     metric: Metric
@@ -94,6 +99,7 @@ class TuningSummary:
     num_stopped_early: int = 0
     cost_model: Mapping[str, Any] | None = None
     num_infrastructure_retries: int = 0
+    not_run_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def num_tied(self) -> int:
@@ -115,7 +121,8 @@ class TuningSummary:
 
     @property
     def num_not_run(self) -> int:
-        return len(self.not_run)
+        """Configurations not run (a whole variant counts each of its micro-batch sizes)."""
+        return sum(self.not_run_counts.get(name, 1) for name in self.not_run)
 
 
 def summarize(
@@ -172,7 +179,68 @@ def summarize(
         ),
         cost_model=cost_model.to_dict() if cost_model is not None else None,
         num_infrastructure_retries=sum(r.infrastructure_retries for r in ledger.results.values()),
+        not_run_counts=not_run_counts(not_run, ledger, space),
     )
+
+
+# The names of what did not run that stand for several configurations: ``z1 micro-batch >
+# 64`` (sizes above a failure), ``micro-batch >= 16`` (the data bound, in every variant),
+# ``z1: 12 configurations`` (model_based's unmeasured ones).
+_SIZES_ABOVE = re.compile(r"(?P<label>\S+) micro-batch > (?P<size>\d+)")
+_DATA_BOUND = re.compile(r"micro-batch >= (?P<size>\d+)")
+_COUNTED = re.compile(r"(?P<label>\S+): (?P<count>\d+) configurations")
+
+_Key = tuple[Any, ...]
+
+
+def not_run_counts(
+    not_run: Mapping[str, NotRunReason], ledger: Ledger, space: TuningSpace
+) -> dict[str, int]:
+    """How many configurations each entry of ``not_run`` stands for: each configuration
+    (variant, micro-batch, knobs) once, under the most specific entry that names it (a
+    configuration's own name, then a range of sizes, then its whole variant), and none that
+    ran. A variant pruned before the search has every size the config allows."""
+    plans = {plan.variant.label: plan for plan in space.plans}
+    ran = {
+        (entry.variant.label, entry.micro_batch_size, entry.knobs)
+        for name, entry in ledger.entries.items()
+        if name in ledger.results
+    }
+
+    def sizes_of(label: str, keep: Any = lambda size: True) -> Iterable[_Key]:
+        plan = plans.get(label)
+        sizes = plan.ladder if plan is not None else space.sizes
+        return ((label, size, ()) for size in sizes if keep(size))
+
+    def keys(name: str) -> Iterable[_Key]:
+        entry = ledger.entries.get(name)
+        if entry is not None:
+            return [(entry.variant.label, entry.micro_batch_size, entry.knobs)]
+        if name in plans or name in space.pruned:
+            return sizes_of(name)
+        if match := _SIZES_ABOVE.fullmatch(name):
+            above = int(match["size"])
+            return sizes_of(match["label"], lambda size: size > above)
+        if match := _DATA_BOUND.fullmatch(name):
+            least = int(match["size"])
+            return itertools.chain.from_iterable(
+                sizes_of(label, lambda size: size >= least) for label in plans
+            )
+        if match := _COUNTED.fullmatch(name):
+            return [(name, i) for i in range(int(match["count"]))]
+        return [(name,)]
+
+    # The most specific first: a configuration's own name, then ranges, then whole variants.
+    order = sorted(
+        not_run, key=lambda n: (n not in ledger.entries, n in plans or n in space.pruned)
+    )
+    counted: set[_Key] = set(ran)
+    counts = {}
+    for name in order:
+        mine = set(keys(name)) - counted
+        counted |= mine
+        counts[name] = len(mine)
+    return counts
 
 
 def _at_cap(best: Entry | None, space: TuningSpace) -> AtCap | None:

@@ -3,6 +3,7 @@ it starts Ray, and importing torch then would hold Ray's start back by a second.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -41,3 +42,15 @@ def parse_workload_args(pairs: Iterable[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             parsed[key] = raw
     return parsed
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the known name closest to a mistyped ``name``, or
+    ``""`` where none is close.
+
+    Example:
+        >>> did_you_mean("gtp", ["gpt", "mlp"]), did_you_mean("resnet", ["gpt", "mlp"])
+        (" (did you mean 'gpt'?)", '')
+    """
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

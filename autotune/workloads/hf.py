@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.workloads.args import WorkloadError
+from autotune.workloads.args import WorkloadError, did_you_mean
 from autotune.workloads.base import Workload
 
 HF_PREFIX = "hf:"
@@ -101,13 +101,16 @@ def build_hf(
     try:
         defaults = transformers.AutoConfig.for_model(model_type)
     except ValueError as exc:
+        hint = did_you_mean(model_type, transformers.CONFIG_MAPPING.keys())
         raise WorkloadError(
-            f"unknown transformers model type {model_type!r} (see transformers.CONFIG_MAPPING)"
+            f"unknown transformers model type {model_type!r}{hint} (see "
+            "transformers.CONFIG_MAPPING)"
         ) from exc
     fields: dict[str, Any] = {k: 0.0 for k in _DROPOUTS if hasattr(defaults, k)}
     for key in overrides:
         if not hasattr(defaults, key):
-            raise WorkloadError(f"{type(defaults).__name__} has no field {key!r}")
+            hint = did_you_mean(key, defaults.to_dict())
+            raise WorkloadError(f"{type(defaults).__name__} has no field {key!r}{hint}")
     vocab = int(overrides.get("vocab_size", defaults.vocab_size))
     # Special tokens outside a reduced vocabulary would index past the embedding.
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):

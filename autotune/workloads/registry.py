@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.workloads.args import WorkloadError
+from autotune.workloads.args import WorkloadError, did_you_mean
 from autotune.workloads.base import Workload
 from autotune.workloads.gpt import build_gpt
 from autotune.workloads.hf import HF_PREFIX, build_hf, build_hf_gpt2
@@ -31,8 +32,14 @@ _USER_SPEC = re.compile(rf"(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})")
 
 
 def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    """``Type: message`` on one line: the message's first line, and where that only
+    introduces the next (huggingface_hub's ``Validation error for field 'n_layer':``) the
+    next too."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0] if not lines[0].endswith(":") else " ".join(lines[:2])
+    return f"{type(exc).__name__}: {text}"
 
 
 def _import_module(spec: str, module_name: str) -> Any:
@@ -79,9 +86,9 @@ def find_factory(spec: str) -> Callable[..., Any]:
         if spec in BUILTIN_WORKLOADS:
             return BUILTIN_WORKLOADS[spec]
         raise WorkloadError(
-            f"workload {spec!r}: unknown built-in workload; built-ins are "
-            f"{', '.join(sorted(BUILTIN_WORKLOADS))}, hf:<model_type> builds a transformers "
-            "model, and a user workload is named 'package.module:function'"
+            f"workload {spec!r}: unknown built-in workload{did_you_mean(spec, BUILTIN_WORKLOADS)}"
+            f"; built-ins are {', '.join(sorted(BUILTIN_WORKLOADS))}, hf:<model_type> builds a "
+            "transformers model, and a user workload is named 'package.module:function'"
         )
     match = _USER_SPEC.fullmatch(spec)
     if match is None:
@@ -130,7 +137,30 @@ def _as_workload(spec: str, result: object) -> Workload:
     return Workload(model=model, make_batch=make_batch, activation_checkpointing=switch)
 
 
+def _check_arguments(spec: str, factory: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """Each ``-a`` name is one the factory takes: a typo is named, with the closest name,
+    rather than the factory's ``TypeError`` (which names neither the closest nor the rest)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call will say
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return  # it takes any name (hf:<model_type> checks them against its config itself)
+    names = [
+        name
+        for name, p in parameters.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    for key in args:
+        if key not in names:
+            raise WorkloadError(
+                f"workload {spec!r}: no argument {key!r}{did_you_mean(key, names)}; it takes "
+                f"{', '.join(names) or 'none'}"
+            )
+
+
 def _build(spec: str, factory: Callable[..., Any], args: Mapping[str, Any], seed: int) -> Workload:
+    _check_arguments(spec, factory, args)
     # fork_rng: seed the initialisation without leaving the caller's global RNG changed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

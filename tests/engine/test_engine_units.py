@@ -241,6 +241,27 @@ def test_cpu_budget_raises_out_of_memory() -> None:
         engine(torch.randn(64, 4))
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_forward_over_the_budget_stops_where_it_goes_over(stage: int) -> None:
+    # Eight layers, each saving its 64 x 64 float input (16 KiB): a budget of about three.
+    layers = [torch.nn.Linear(64, 64, bias=False) for _ in range(8)]
+    ran: list[int] = []
+    for index, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda module, args, index=index: ran.append(index))
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 64,
+        "zero_optimization": {"stage": stage},
+    }
+    model = torch.nn.Sequential(*layers)
+    held = sum(initialize(model=model, config=config)[0].memory_breakdown().values())
+    config["device_memory_bytes"] = held + 3 * 64 * 64 * 4
+    engine, _, _, _ = initialize(model=model, config=config)
+    with pytest.raises(torch.OutOfMemoryError, match="in forward"):
+        engine(torch.randn(64, 64))
+    # As a GPU's allocator: not a whole forward first, holding every activation.
+    assert 0 < len(ran) < len(layers), ran
+
+
 def test_activations_are_counted_and_released() -> None:
     engine, _, _, _ = initialize(model=_model(), config={"train_micro_batch_size_per_gpu": 64})
     loss = engine(torch.randn(64, 4)).pow(2).mean()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata
+import importlib.util
 import json
 import mmap
 import os
@@ -231,16 +232,54 @@ def test_the_leftovers_of_killed_deepspeed_processes_are_cleared_and_live_ones_k
             path.unlink(missing_ok=True)
 
 
-def test_deepspeed_builds_its_ops_in_a_folder_of_its_own_installation() -> None:
-    from torch.utils.cpp_extension import get_default_build_root
+def _built(folder: Path, op: str, *installation: str) -> None:
+    """An op built in ``folder`` by the installation whose folders its commands name."""
+    (folder / op).mkdir(parents=True)
+    flags = " ".join(f"-I{path}/include" for path in installation)
+    (folder / op / "build.ninja").write_text(f"cflags = {flags}\n")
 
-    from autotune.runner.deepspeed_engine import extensions_dir
 
-    folder = extensions_dir()
-    assert folder == extensions_dir()  # the same folder every time, in every process
-    assert os.path.dirname(folder) == get_default_build_root()
-    # Not PyTorch's shared folder (py311_cpu), where other environments rebuild its ops.
-    assert re.fullmatch(r"py\d+_(cpu|cu\d+)_deepspeed_[0-9a-f]{12}", os.path.basename(folder))
+@needs_deepspeed
+def test_deepspeed_builds_its_ops_where_deepspeed_run_directly_does_unless_another_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    import torch.utils.cpp_extension
+
+    from autotune.runner.deepspeed_engine import extensions_dir, own_extensions_dir
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "get_default_build_root", lambda: str(tmp_path))
+    ours = (
+        os.path.dirname(importlib.util.find_spec("deepspeed").origin),
+        os.path.dirname(torch.__file__),
+    )  # type: ignore[union-attr, arg-type]
+    own = Path(own_extensions_dir())
+    # Not PyTorch's shared folder (py311_cpu) by name: one per installation.
+    assert re.fullmatch(r"py\d+_(cpu|cu\d+)_deepspeed_[0-9a-f]{12}", own.name)
+    assert own.parent == tmp_path and own_extensions_dir() == str(own)
+    # A fresh machine: PyTorch's default folder, shared with DeepSpeed run directly (its
+    # launcher, its autotuner), so that each op is built once, not once for each.
+    shared = Path(extensions_dir())
+    assert shared.parent == tmp_path and shared != own and re.fullmatch(r"py\d+_\w+", shared.name)
+    _built(shared, "fused_adam", *ours)
+    assert extensions_dir() == str(shared)  # built there by this installation: reused
+    # Another environment's build there would be rebuilt, and rebuilt back by it: own folder.
+    _built(shared, "deepspeed_shm_comm", "/elsewhere/venv/deepspeed", ours[1])
+    assert extensions_dir() == str(own)
+
+
+@needs_deepspeed
+def test_a_folder_of_its_own_that_holds_builds_is_kept_while_the_default_holds_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    import torch.utils.cpp_extension
+
+    from autotune.runner.deepspeed_engine import extensions_dir, own_extensions_dir
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "get_default_build_root", lambda: str(tmp_path))
+    _built(Path(own_extensions_dir()), "fused_adam", "/any")
+    assert extensions_dir() == own_extensions_dir()
 
 
 def test_the_cpus_description_is_asked_once_a_boot(

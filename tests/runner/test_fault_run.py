@@ -61,4 +61,4 @@ def test_every_listed_micro_batch_runs_and_fails_on_its_own(
     assert summary.not_run == {}
     console = Console(record=True, width=120)
     print_report(console, report)
-    assert "not run: 0" in console.export_text()
+    assert "not run: 0 configurations" in console.export_text()

@@ -42,7 +42,8 @@ SPEC_JSON = """{
   "output_dir": null,
   "client_config": null,
   "engine": "deepspeed",
-  "stop_above_step_s": null
+  "stop_above_step_s": null,
+  "repeat_of": null
 }"""
 
 

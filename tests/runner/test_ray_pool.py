@@ -45,6 +45,21 @@ def _slow_to_unpickle(start_s: float) -> SlowToStart:
     return SlowToStart(start_s)
 
 
+class FailsToStart:
+    """``stand_in_rank`` in an actor whose start raises, as unpickling it does there: what an
+    actor meets when its worker imports another ``autotune`` than the driver's."""
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return _fail_to_unpickle, ()
+
+    def __call__(self, spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
+        return stand_in_rank(spec, rank, init_method)
+
+
+def _fail_to_unpickle() -> FailsToStart:
+    raise ModuleNotFoundError("No module named 'autotune.results.files'")
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -118,6 +133,21 @@ def test_an_actor_that_died_while_idle_is_replaced_and_its_experiment_run_again(
     assert result.status is Status.ok, result.error
     assert result.infrastructure_retries == 1
     assert victim not in {a.pid for a in runner.actors()}
+
+
+def test_an_actor_whose_start_raises_says_what_it_raised_on_one_line(
+    runner: RayRunner,
+) -> None:
+    runner.release_idle()
+    with RayRunner(rank_fn=FailsToStart(), preload_torch=False) as broken:
+        first, second = broken.run(stand_in("broken-a")), broken.run(stand_in("broken-b"))
+    assert first.status is Status.error and first.error is not None
+    cause = "its start raised ModuleNotFoundError: No module named 'autotune.results.files'"
+    assert first.error.startswith("infrastructure: RankLost: rank 0 actor") and cause in first.error
+    # One line, without Ray's colours or the actor's ids: two such failures read alike.
+    assert "\n" not in first.error and "\x1b" not in first.error and "actor_id" not in first.error
+    assert second.error == first.error
+    assert first.error_detail is not None and "\x1b" not in first.error_detail
 
 
 def test_a_new_gangs_start_up_does_not_count_against_the_timeout(runner: RayRunner) -> None:

@@ -5,6 +5,7 @@ and script mode, each on the built-in engine and on DeepSpeed), every rank at th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,29 @@ def test_a_script_window_from_step_one_still_counts_its_flops_when_stopped(
     result = runner.run(loser)
     assert timed_steps(result) == 1 and result.stopped_after_steps == 1
     assert result.metrics is not None and result.metrics.flops > 0
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("deepspeed", marks=needs_deepspeed)])
+def test_a_script_whose_flops_the_job_knows_counts_none_and_runs_no_step_more(
+    runner: RayRunner, engine: str, tmp_path: Path
+) -> None:
+    # Data for three optimizer steps (24 samples, 2 ranks x micro-batch 2 x accumulation 2),
+    # the window steps 1-3: counting FLOPs would take a fourth step, after the window.
+    known = script_spec(
+        "known",
+        tmp_path,
+        start_profile_step=1,
+        end_profile_step=3,
+        flops_per_sample=1234.0,
+        engine=engine,
+        timeout_s=90,
+    )
+    assert known.script is not None
+    args = (*known.script.args, "--num_samples", "24", "--num_train_epochs", "1")
+    result = runner.run(replace(known, script=replace(known.script, args=args)))
+    assert timed_steps(result) == 3
+    assert result.metrics is not None
+    assert result.metrics.flops_per_step == 1234.0 * 4  # the job's, not counted again
 
 
 def test_the_fields_round_trip_through_their_records() -> None:

@@ -229,4 +229,7 @@ def test_a_window_too_short_to_measure_is_flagged_not_raced(tuner_type: str) -> 
     summary = tuner.summary()
     assert summary.short_windows and all(s == 0.05 for s in summary.short_windows.values())
     (note,) = [line for line in notes(summary) if "too short to rank on" in line]
-    assert "measured again but not raced" in note and "steps between start_profile_step" in note
+    # What it says of measuring again is what happened: a check of the leader, at most.
+    again = any(r.num_measurements > 1 for r in summary.ranking if r.name in summary.short_windows)
+    said = "measured again only as a check, never to separate" if again else "not measured again"
+    assert said in note and "steps between start_profile_step" in note

@@ -122,3 +122,15 @@ def test_a_variant_the_trial_cap_never_reached_is_not_called_one_where_nothing_f
     asked = drive(tuner, Landscape())
     assert {c.stage for c in asked} == {1}  # the cap ended the search inside stage 1
     assert not_run_texts(tuner.summary())["z2"] == "not searched: the search ended first"
+
+
+def test_what_did_not_run_is_counted_in_configurations() -> None:
+    tuner = small_tuner("gridsearch", tuner_num_trials=2)
+    drive(tuner, Landscape())
+    summary = tuner.summary()
+    ladders = {plan.variant.label: plan.ladder for plan in tuner._catalog.space.plans}
+    # A whole variant never searched is every micro-batch size it has, not one line.
+    assert summary.not_run_counts["z2"] == len(ladders["z2"]) > 1
+    singles = [name for name in summary.not_run if name != "z2"]
+    assert singles and all(summary.not_run_counts[name] == 1 for name in singles)
+    assert summary.num_not_run == len(ladders["z2"]) + len(singles)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -30,6 +31,32 @@ CONFIG = {
     "zero_optimization": {"stage": "all"},
     "autotuning": {"max_train_micro_batch_size_per_gpu": 64},
 }
+
+
+def finished_run(
+    tmp_path: Path,
+    cost_model: dict[str, Any],
+    workload: str,
+    world_size: int,
+    args: dict[str, Any] | None = None,
+    memory_bytes: int | None = None,
+) -> Path:
+    """A finished model_based run's directory, as far as plan reads it: what it tuned
+    (``fingerprint.json``) and the constants it fitted (``summary.json``)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    base = {k: v for k, v in CONFIG.items() if k != "autotuning"}
+    tuned = {
+        "workload": workload,
+        "workload_args": args or {},
+        "world_size": world_size,
+        "device_memory_bytes": memory_bytes,
+        "base_config": base,
+    }
+    fingerprint = {"tuned": tuned, "autotuning": CONFIG["autotuning"]}
+    (run / "fingerprint.json").write_text(json.dumps(fingerprint))
+    (run / "summary.json").write_text(json.dumps({"cost_model": cost_model}))
+    return run
 
 
 def plan_json(tmp_path: Path, *args: str) -> list[dict[str, object]]:
@@ -146,9 +173,7 @@ def test_from_a_finished_run_predicts_with_its_fitted_constants(tmp_path: Path) 
     fitted = CostModel.from_prior(prior)
     slower = fitted.to_dict()
     slower["u"][0] -= 1.0  # this run's compute was e times slower than the datasheet's
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "summary.json").write_text(json.dumps({"cost_model": slower}))
+    run = finished_run(tmp_path, slower, workload="gpt", world_size=8)
     datasheet = plan_json(tmp_path, "--hardware", "a100-80gb")
     measured = plan_json(tmp_path, "--from", str(run))  # the run's hardware: a100-80gb
     by_name = {r["name"]: float(r["throughput"]) for r in datasheet}  # type: ignore[arg-type]
@@ -223,11 +248,7 @@ def test_a_run_that_measured_a_variant_narrows_its_interval(tmp_path: Path) -> N
                     variant=f"z{stage}",
                 )
             )
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "summary.json").write_text(
-        json.dumps({"cost_model": fit(observations, prior).to_dict()})
-    )
+    run = finished_run(tmp_path, fit(observations, prior).to_dict(), "gpt", 8, {"n_layer": 4})
 
     def width(rows: list[dict[str, object]], stage: int) -> float:
         row = next(r for r in rows if r["zero_stage"] == stage and r["fits"])
@@ -236,3 +257,50 @@ def test_a_run_that_measured_a_variant_narrows_its_interval(tmp_path: Path) -> N
     datasheet = plan_json(tmp_path, "--hardware", "a100-80gb")
     measured = plan_json(tmp_path, "--from", str(run))
     assert width(measured, 1) < width(datasheet, 1) and width(measured, 2) < width(datasheet, 2)
+
+
+def test_from_a_run_plans_its_workload_config_and_memory_budget_and_says_so(
+    tmp_path: Path,
+) -> None:
+    from autotune.tuner.cost_model import CostModel, Topology, prior_for
+    from autotune.tuner.hardware import CPU_RANK
+
+    fitted = CostModel.from_prior(prior_for(CPU_RANK, Topology(2, 2, "fp16"))).to_dict()
+    budget = 64 * 2**20
+    run = finished_run(tmp_path, fitted, "mlp", 2, {"d_hidden": 2048}, memory_bytes=budget)
+    result = runner.invoke(app, ["plan", "--from", str(run), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    # The run's model (an mlp, not the default gpt), at its own budget: a size over it does
+    # not fit, whatever the CPU rank's own memory.
+    assert all(row["memory_bytes"] <= budget for row in rows if row["fits"])
+    assert any(not row["fits"] and row["memory_bytes"] < CPU_RANK.memory_bytes for row in rows)
+    assert all(row["gradient_accumulation_steps"] == 1 for row in rows)  # at 2 ranks
+    table = runner.invoke(app, ["plan", "--from", str(run)])
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[0] == (
+        f"from {run}: the constants it fitted, its workload, its config, its 2 ranks, its "
+        "memory budget of 64.0 MiB per rank"
+    )
+    assert lines[1].startswith("model: workload mlp (d_hidden=2048), ") and "in fp16" in lines[1]
+    assert lines[2].startswith("predicted on 2 x cpu with 64.0 MiB each")
+    other = runner.invoke(app, ["plan", "--from", str(run), "--workload", "gpt"])
+    assert "the constants it fitted to mlp, not to gpt" in other.stdout.splitlines()[0]
+
+
+def test_the_table_says_what_it_plans_and_shows_the_leaders(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", "--hardware", "h100-80gb"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "model: workload gpt, 5.8M parameters in fp32, sequence length 128" in out
+    assert "predicted on 8 x h100-80gb with 80.0 GiB each (the datasheet)" in out
+    rows = [line for line in out.splitlines() if line.lstrip().startswith("z")]
+    total = len(
+        json.loads(runner.invoke(app, ["plan", "--hardware", "h100-80gb", "-f", "json"]).stdout)
+    )
+    assert len(rows) == 20 < total and f"the best 20 of {total} (--top N for more" in out
+    # The built-in config caps the micro-batch at 32, far below what 80 GiB holds.
+    assert "note: the micro-batch stops at 32, the config's cap" in out
+    tflops = [float(line.split()[5]) for line in rows]
+    assert all(value > 0 for value in tflops)

@@ -74,6 +74,8 @@ def test_a_head_can_be_chosen() -> None:
         ("hf:nonesuch", {}, "unknown transformers model type 'nonesuch'"),
         ("hf:", {}, "expected hf:<model_type>"),
         ("hf:bert", {"n_layerz": 2}, "BertConfig has no field 'n_layerz'"),
+        ("hf:bret", {}, r"unknown transformers model type 'bret' \(did you mean 'bert'\?\)"),
+        ("hf:gpt2", {"n_layr": 2}, r"GPT2Config has no field 'n_layr' \(did you mean 'n_layer'"),
         ("hf:gpt2", {"seq_len": 4096, **TINY["gpt2"]}, "exceeds the model's 1024 positions"),
         ("hf:bert", {"head": "causal", **TINY["bert"]}, "head 'causal' is not one of"),
     ],
@@ -84,7 +86,7 @@ def test_bad_hf_specs_are_one_line_workload_errors(
     pytest.importorskip("transformers")
     with pytest.raises(WorkloadError, match=fragment) as err:
         resolve_workload(spec, args)
-    assert str(err.value).startswith(f"workload {spec!r}: ")
+    assert str(err.value).startswith(f"workload {spec!r}: ") and "\n" not in str(err.value)
 
 
 def test_without_transformers_the_error_says_how_to_get_it(

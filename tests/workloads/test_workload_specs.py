@@ -69,6 +69,10 @@ def raises(width=4):
     raise RuntimeError("no GPU here\\nsecond line")
 
 
+def raises_in_two_lines(width=4):  # as huggingface_hub's strict dataclasses do
+    raise TypeError("Validation error for field 'width':\\n    TypeError: expected int")
+
+
 def returns_int():
     return 3
 
@@ -166,7 +170,8 @@ def test_check_workload_builds_on_meta(user_module: str, monkeypatch: pytest.Mon
     ("spec", "fragment"),
     [
         ("", "expected a built-in name"),
-        ("gtp", "unknown built-in workload; built-ins are gpt, hf_gpt2, mlp"),
+        ("gtp", r"unknown built-in workload \(did you mean 'gpt'\?\); built-ins are gpt, "),
+        ("resnet", "unknown built-in workload; built-ins are gpt, hf_gpt2, mlp"),
         ("a:b:c", "malformed"),
         ("mod:", "malformed"),
         (":build", "malformed"),
@@ -191,6 +196,10 @@ def test_bad_spec_is_a_workload_error_naming_it(spec: str, fragment: str) -> Non
         ("NOT_CALLABLE", "'NOT_CALLABLE' is int, not a function"),
         ("missing", "has no attribute 'missing'"),
         ("raises", r"building it failed \(RuntimeError: no GPU here\)"),
+        (
+            "raises_in_two_lines",
+            r"failed \(TypeError: Validation error for field 'width': TypeError: expected int\)",
+        ),
         ("returns_int", "returned int; expected an object with .model"),
         ("returns_triple", "returned a tuple of 3"),
         ("returns_non_module", "its model is str, not an nn.Module"),
@@ -281,3 +290,23 @@ def test_parse_workload_args() -> None:
 def test_parse_workload_args_rejects(pairs: list[str], fragment: str) -> None:
     with pytest.raises(WorkloadError, match=fragment):
         parse_workload_args(pairs)
+
+
+@pytest.mark.parametrize(
+    ("spec", "args", "line"),
+    [
+        (
+            "mlp",
+            {"hiden": 3},
+            "workload 'mlp': no argument 'hiden' (did you mean 'd_hidden'?); it takes d_in, "
+            "d_hidden, n_layer, d_out",
+        ),
+        ("gpt", {"nlayer": 1}, "workload 'gpt': no argument 'nlayer' (did you mean 'n_layer'?)"),
+    ],
+)
+def test_an_argument_the_workload_does_not_take_is_named_with_the_closest(
+    spec: str, args: dict[str, object], line: str
+) -> None:
+    with pytest.raises(WorkloadError) as err:
+        resolve_workload(spec, args)
+    assert str(err.value).startswith(line) and "\n" not in str(err.value)
