@@ -41,6 +41,7 @@ from autotune.defaults import (
 if TYPE_CHECKING:
     from autotune.job import TuningJob
     from autotune.script_target import ScriptTarget
+    from autotune.tuner.warm_start import WarmStart
     from autotune.tuning import TuningEvent, TuningReport
 
 
@@ -305,6 +306,7 @@ def tune(
     gpus_per_rank: float | None = None,
     max_concurrent: int | None = None,
     on_event: Callable[[TuningEvent], None] | None = None,
+    warm_start: WarmStart | None = None,
     **autotuning: Any,
 ) -> TuningReport:
     """Tune, as ``autotune run`` does: run (or resume) experiments, rank them, write
@@ -325,6 +327,8 @@ def tune(
         gpus_per_rank: Ray: GPUs per rank (None: 1 if the cluster has GPUs).
         max_concurrent: Ray: experiments at once (None: as many as fit on the GPUs, else 1).
         on_event: called as each experiment starts and finishes (a progress display).
+        warm_start: what earlier runs on the same hardware taught (``model_based``): their
+            fitted cost model and their answers (:class:`autotune.tuner.warm_start.WarmStart`).
         **autotuning: keys of the config's ``autotuning`` section, over the config's values
             (``metric="latency"``, ``tuner_type="gridsearch"``, ``tuner_num_trials=10``,
             ``time_budget_s=600``, ``results_dir="runs/a"``); None leaves a key to the config.
@@ -368,7 +372,7 @@ def tune(
     start = functools.partial(make_runner, runner, ray_address, gpus_per_rank, job)
     with started_runner(job, start) as experiment_runner:
         try:
-            return tuning.tune(job, experiment_runner, on_event, max_concurrent)
+            return tuning.tune(job, experiment_runner, on_event, max_concurrent, warm_start)
         except ConfigError as err:
             raise attributed(err, request, job.script) from None
 

@@ -31,6 +31,7 @@ from autotune.results import ResultsDir
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.summary_text import format_summary, summary_json, train_with
 from autotune.tuner import Candidate, Tuner, TuningSummary
+from autotune.tuner.warm_start import WarmStart
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
@@ -106,6 +107,7 @@ def tune(
     runner: Runner | ConcurrentRunner,
     on_event: Callable[[TuningEvent], None] | None = None,
     max_concurrent: int | None = None,
+    warm_start: WarmStart | None = None,
 ) -> TuningReport:
     """Run (or resume) a tuning job to the end.
 
@@ -116,6 +118,7 @@ def tune(
         max_concurrent: experiments in flight at most (never more than fit, each with its
             own resources). Default: as many as fit where ranks hold GPUs, else 1, since
             experiments sharing cores measure each other.
+        warm_start: what earlier runs on the same hardware taught (``model_based``).
 
     An interruption (Ctrl-C, any exception) cancels the experiments in flight and releases
     their resources before it propagates; their results are not recorded, so a resumed run
@@ -132,7 +135,7 @@ def tune(
     with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:
             info = measured_model_info(results.results(), job.world_size)
-        tuner = make_tuner(job, info, results)
+        tuner = make_tuner(job, info, results, warm_start)
         if tuner.num_replayed:
             notify(TuningEvent(EventKind.resumed, None, None, tuner.summary()))
 
@@ -285,7 +288,12 @@ class _Slots:
         return max(1, min(fits, self._max_concurrent or fits))
 
 
-def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> Tuner:
+def make_tuner(
+    job: TuningJob,
+    info: ModelInfo | None,
+    results: ResultsDir,
+    warm_start: WarmStart | None = None,
+) -> Tuner:
     """A tuner for ``job`` on the run's study in ``results``, which it replays first (see
     :class:`~autotune.tuner.tuner.Tuner`)."""
     tuning = job.config.autotuning
@@ -301,4 +309,5 @@ def make_tuner(job: TuningJob, info: ModelInfo | None, results: ResultsDir) -> T
         study=study,
         started=job.started_s,
         hardware=job_hardware(),
+        warm_start=warm_start,
     )

@@ -42,6 +42,7 @@ from autotune.tuner.cost_model import (
     CostModel,
     ModelShape,
     Observation,
+    Prior,
     StepShape,
     Topology,
     expected_improvement,
@@ -166,6 +167,7 @@ class ModelSearch:
         hardware: the datasheet the constants start from.
         ranks_per_node: ranks sharing a node's links.
         model: the workload's size and FLOPs (None: unknown yet; see :meth:`use_space`).
+        prior: where the constants start (None: the datasheet's, :func:`prior_for`).
     """
 
     def __init__(
@@ -177,6 +179,7 @@ class ModelSearch:
         hardware: Hardware,
         ranks_per_node: int,
         model: ModelShape | None,
+        prior: Prior | None = None,
     ) -> None:
         self._config = config
         self._catalog = catalog
@@ -187,7 +190,8 @@ class ModelSearch:
         self.topology = Topology(
             data_parallel, min(ranks_per_node, data_parallel), config.precision
         )
-        self.prior = prior_for(hardware, self.topology)
+        # What earlier runs on this hardware fitted, where there is that; else the datasheet.
+        self.prior = prior or prior_for(hardware, self.topology)
         self._model = model
         self._fitted: tuple[int, CostModel] | None = None
         self.use_space(catalog.space, model)

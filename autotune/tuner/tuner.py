@@ -86,6 +86,7 @@ from autotune.tuner.trials import (
     new_study,
     past_experiments,
 )
+from autotune.tuner.warm_start import WarmStart
 
 if TYPE_CHECKING:
     import optuna
@@ -116,6 +117,8 @@ class Tuner:
         hardware: what the ranks run on, the cost model's starting point (``model_based``;
             default: CPU ranks).
         ranks_per_node: ranks that share a node's links (default: all of them).
+        warm_start: what earlier runs on the same hardware taught (``model_based``): their
+            fitted cost model as the prior, their answers measured first.
 
     Raises:
         ConfigError: if the batch limits leave no micro-batch size.
@@ -148,6 +151,7 @@ class Tuner:
         started: float | None = None,
         hardware: Hardware | None = None,
         ranks_per_node: int | None = None,
+        warm_start: WarmStart | None = None,
     ) -> None:
         self._config = config
         self._tuning = config.autotuning
@@ -182,7 +186,10 @@ class Tuner:
                 hardware or CPU_RANK,
                 ranks_per_node or config.world_size,
                 _model_shape(model_info),
+                warm_start.prior() if warm_start is not None else None,
             )
+        # Earlier runs' answers, tried first by model_based where its space holds them.
+        self._warm_answers = list(warm_start.answers) if warm_start is not None else []
         self._trials = TrialLog(study or _study_in_memory(self._tuning), self._tuning.metric)
         self._replay(self._trials.study)
 
@@ -422,6 +429,8 @@ class Tuner:
                 return name
         if self._patience_spent():
             return None
+        if (answer := self._next_warm_answer()) is not None:
+            return answer
         if search.fitted() is None:
             return self._sizes.next()
         ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
@@ -440,6 +449,20 @@ class Tuner:
         assert key is not None
         self._catalog.register(*key)
         return chosen
+
+    def _next_warm_answer(self) -> str | None:
+        """The next earlier answer (:class:`WarmStart`) this space holds and that may run;
+        each is offered once."""
+        search = self._model_search
+        assert search is not None
+        space = self._catalog.space
+        while self._warm_answers:
+            answer = self._warm_answers.pop(0)
+            name = space.name({**space.fixed, **answer})
+            key = search.key_of(name)
+            if key is not None and self._catalog.is_open(self._catalog.register(*key)):
+                return name
+        return None
 
     def _phase_end_reason(self) -> StopReason | None:
         """Why the phase that has nothing more to propose ended: a limit it reached, or None

@@ -11,6 +11,7 @@ import optuna
 from autotune.config import Config, Metric, load_config
 from autotune.tuner import Tuner
 from autotune.tuner.trials import new_study
+from autotune.tuner.warm_start import WarmStart
 from tests.tuner.landscape import MODEL, FakeClock, Landscape
 
 TUNERS = ("gridsearch", "random", "model_based")
@@ -43,6 +44,7 @@ def small_tuner(
     clock: FakeClock | None = None,
     study: optuna.Study | None = None,
     stages: tuple[int, ...] = (1, 2),
+    warm_start: WarmStart | None = None,
     **autotuning: Any,
 ) -> Tuner:
     return Tuner(
@@ -51,6 +53,7 @@ def small_tuner(
         device_memory_bytes=Landscape().budget_bytes,
         clock=clock or FakeClock(),
         study=study,
+        warm_start=warm_start,
     )
 
 
