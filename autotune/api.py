@@ -39,6 +39,8 @@ from autotune.defaults import (
 )
 
 if TYPE_CHECKING:
+    import optuna
+
     from autotune.job import TuningJob
     from autotune.script_target import ScriptTarget
     from autotune.tuner.warm_start import WarmStart
@@ -307,6 +309,7 @@ def tune(
     max_concurrent: int | None = None,
     on_event: Callable[[TuningEvent], None] | None = None,
     warm_start: WarmStart | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
     **autotuning: Any,
 ) -> TuningReport:
     """Tune, as ``autotune run`` does: run (or resume) experiments, rank them, write
@@ -329,6 +332,9 @@ def tune(
         on_event: called as each experiment starts and finishes (a progress display).
         warm_start: what earlier runs on the same hardware taught (``model_based``): their
             fitted cost model and their answers (:class:`autotune.tuner.warm_start.WarmStart`).
+        sampler: any Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, a GP, CMA-ES,
+            your own) to search with instead of the tuner type's; every experiment is still
+            a trial of the run's study, re-measurement and the stopping rules still apply.
         **autotuning: keys of the config's ``autotuning`` section, over the config's values
             (``metric="latency"``, ``tuner_type="gridsearch"``, ``tuner_num_trials=10``,
             ``time_budget_s=600``, ``results_dir="runs/a"``); None leaves a key to the config.
@@ -372,7 +378,9 @@ def tune(
     start = functools.partial(make_runner, runner, ray_address, gpus_per_rank, job)
     with started_runner(job, start) as experiment_runner:
         try:
-            return tuning.tune(job, experiment_runner, on_event, max_concurrent, warm_start)
+            return tuning.tune(
+                job, experiment_runner, on_event, max_concurrent, warm_start, sampler
+            )
         except ConfigError as err:
             raise attributed(err, request, job.script) from None
 

@@ -34,6 +34,8 @@ from autotune.tuner import Candidate, Tuner, TuningSummary
 from autotune.tuner.warm_start import WarmStart
 
 if TYPE_CHECKING:
+    import optuna
+
     from autotune.profiling.model_info import ModelInfo
 
 
@@ -108,6 +110,7 @@ def tune(
     on_event: Callable[[TuningEvent], None] | None = None,
     max_concurrent: int | None = None,
     warm_start: WarmStart | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
 ) -> TuningReport:
     """Run (or resume) a tuning job to the end.
 
@@ -119,6 +122,7 @@ def tune(
             own resources). Default: as many as fit where ranks hold GPUs, else 1, since
             experiments sharing cores measure each other.
         warm_start: what earlier runs on the same hardware taught (``model_based``).
+        sampler: an Optuna sampler to search with instead of the tuner type's.
 
     An interruption (Ctrl-C, any exception) cancels the experiments in flight and releases
     their resources before it propagates; their results are not recorded, so a resumed run
@@ -135,7 +139,7 @@ def tune(
     with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:
             info = measured_model_info(results.results(), job.world_size)
-        tuner = make_tuner(job, info, results, warm_start)
+        tuner = make_tuner(job, info, results, warm_start, sampler)
         if tuner.num_replayed:
             notify(TuningEvent(EventKind.resumed, None, None, tuner.summary()))
 
@@ -293,6 +297,7 @@ def make_tuner(
     info: ModelInfo | None,
     results: ResultsDir,
     warm_start: WarmStart | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
 ) -> Tuner:
     """A tuner for ``job`` on the run's study in ``results``, which it replays first (see
     :class:`~autotune.tuner.tuner.Tuner`)."""
@@ -310,4 +315,5 @@ def make_tuner(
         started=job.started_s,
         hardware=job_hardware(),
         warm_start=warm_start,
+        sampler=sampler,
     )

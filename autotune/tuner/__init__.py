@@ -6,28 +6,28 @@ It starts no processes: a driver asks for a :class:`Candidate`, runs it, and tel
 
 from autotune.tuner.memory import MemoryEstimate, estimate_memory
 from autotune.tuner.naming import candidate_name, repeat_name
-from autotune.tuner.ranking import Ranked, rank, score, within_noise
-from autotune.tuner.samplers import (
-    GridSampler,
+from autotune.tuner.point_order import (
+    GridOrder,
     Point,
-    RandomSampler,
-    Sampler,
+    PointOrder,
+    RandomOrder,
     Subspace,
-    make_sampler,
+    make_order,
 )
+from autotune.tuner.ranking import Ranked, rank, score, within_noise
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
 from autotune.tuner.summary import TuningSummary
 from autotune.tuner.tuner import Candidate, Phase, Tuner
 
 __all__ = [
     "Candidate",
-    "GridSampler",
+    "GridOrder",
     "MemoryEstimate",
     "Phase",
     "Point",
-    "RandomSampler",
+    "PointOrder",
+    "RandomOrder",
     "Ranked",
-    "Sampler",
     "Subspace",
     "Tuner",
     "TuningSpace",
@@ -37,7 +37,7 @@ __all__ = [
     "build_space",
     "candidate_name",
     "estimate_memory",
-    "make_sampler",
+    "make_order",
     "rank",
     "repeat_name",
     "score",

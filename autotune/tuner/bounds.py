@@ -5,24 +5,18 @@ unrun. A script that ran out of data (it ended early,
 :attr:`~autotune.experiment.ExperimentResult.ended_early`: its loader has fewer batches at
 that micro-batch than the profile window needs) bounds every variant alike: that micro-batch
 and every larger one are pruned everywhere. A script that ends after as many steps whatever
-the micro-batch has a step limit of its own, which no config changes; and experiments that
-all failed with the same error say the config does not matter.
+the micro-batch has a step limit of its own, which no config changes.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
 from autotune.experiment import Status
 from autotune.tuner.ledger import Ledger
 from autotune.tuner.reasons import NotRunKind, NotRunReason
 from autotune.tuner.space import Variant
-
-# Experiments that all failed with the same error, and none ok, that end the run: a failure
-# that does not depend on the config would fail every remaining experiment too.
-SAME_FAILURE_LIMIT = 3
 
 
 class Bounds:
@@ -112,20 +106,6 @@ class Bounds:
             if name not in self._ledger.results and self.data_pruner(name) is not None
         )
         return pruned
-
-    def same_failure(self) -> str | None:
-        """The first error line, once the first :data:`SAME_FAILURE_LIMIT` experiments all
-        failed alike and none ran ok; None otherwise. Numbers aside: argparse echoes the
-        value it rejects. ``oom``, ``timeout`` and running out of data depend on the config:
-        any of them means the config matters, so the run goes on."""
-        results = [self._ledger.results[name] for name in self._ledger.order]
-        if len(results) < SAME_FAILURE_LIMIT:
-            return None
-        if any(r.status is not Status.error or r.ended_early for r in results):
-            return None
-        if len({re.sub(r"\d+", "N", r.error or "") for r in results}) != 1:
-            return None
-        return results[0].error or "(no message)"
 
     def step_limit(self) -> int | None:
         """The steps the script ends after at two micro-batches that running out of data

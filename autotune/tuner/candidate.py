@@ -18,7 +18,8 @@ class Phase(str, enum.Enum):
     knobs = "knobs"
     remeasure = "remeasure"
     done = "done"
-    model = "model"  # model_based's one search phase (last, so the others keep their seeds)
+    model = "model"  # model_based's one search phase (after the others: they keep their seeds)
+    sampler = "sampler"  # an Optuna sampler the user passed, over the whole space
 
 
 # The order the phases run in: gridsearch and random sample each phase in turn; model_based
@@ -32,6 +33,7 @@ SAMPLED_PHASES = (
     Phase.done,
 )
 MODEL_PHASES = (Phase.model, Phase.remeasure, Phase.done)
+SAMPLER_PHASES = (Phase.sampler, Phase.remeasure, Phase.done)
 
 
 @dataclass(frozen=True)

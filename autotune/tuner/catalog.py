@@ -7,8 +7,8 @@ from typing import Any
 
 from autotune.tuner.bounds import Bounds
 from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.point_order import Point
 from autotune.tuner.reasons import NotRunKind, NotRunReason
-from autotune.tuner.samplers import Point
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan, recommended_point
 
 

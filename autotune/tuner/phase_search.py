@@ -1,5 +1,5 @@
-"""A sampled search phase (the micro-batch sizes, then the knobs): the phase's sampler over its
-points, each point known by the name of the configuration it stands for."""
+"""A sampled search phase (the micro-batch sizes, then the knobs): the phase's point order over
+its points, each point known by the name of the configuration it stands for."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from autotune.config import AutotuningConfig
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner.candidate import PHASES, Phase
 from autotune.tuner.ledger import Ledger
+from autotune.tuner.point_order import Point, Subspace, make_order
 from autotune.tuner.ranking import score
-from autotune.tuner.samplers import Point, Subspace, make_sampler
 
 
 class PhaseSearch:
-    """The sampler of ``phase`` over ``subspaces``, told the results ``ledger`` already has
+    """The point order of ``phase`` over ``subspaces``, told the results ``ledger`` already has
     (a resumed run).
 
     Args:
-        phase: the phase it searches (seeds the sampler and names its Optuna study).
+        phase: the phase it searches (seeds the order).
         subspaces: what it searches, per variant.
         names: each point's configuration name.
         tuning: the ``autotuning`` section (tuner type, seed, metric).
@@ -34,7 +34,7 @@ class PhaseSearch:
         ledger: Ledger,
     ) -> None:
         self._metric = tuning.metric
-        self._sampler = make_sampler(
+        self._order = make_order(
             tuning.tuner_type,
             subspaces,
             seed=tuning.seed + PHASES.index(phase),
@@ -48,20 +48,20 @@ class PhaseSearch:
         return name in self.points
 
     def ask(self, is_open: Callable[[str], bool]) -> str | None:
-        """The name of the next point the sampler picks among the open ones (None: none)."""
-        point = self._sampler.ask(lambda p: is_open(self._names[p]))
+        """The name of the next point the order picks among the open ones (None: none)."""
+        point = self._order.ask(lambda p: is_open(self._names[p]))
         return self._names[point] if point is not None else None
 
     def tell(self, result: ExperimentResult) -> None:
-        """Tell the sampler ``result``, if it is one of its points."""
+        """Tell the order ``result``, if it is one of its points."""
         point = self.points.get(result.name)
         if point is None:
             return
         value = score(result.metrics, self._metric) if result.metrics and result.ok else None
-        self._sampler.tell(point, value, infeasible=result.status is Status.oom)
+        self._order.tell(point, value, infeasible=result.status is Status.oom)
 
     def drop(self, name: str) -> None:
         """``name`` will never run (a rule rejects it, or the time left is too short)."""
         point = self.points.get(name)
         if point is not None:
-            self._sampler.tell(point, None)
+            self._order.tell(point, None)

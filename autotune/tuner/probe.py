@@ -20,10 +20,10 @@ from autotune.experiment import ExperimentResult, Status
 from autotune.tuner.bounds import Bounds
 from autotune.tuner.catalog import Catalog
 from autotune.tuner.ledger import Ledger
+from autotune.tuner.point_order import Subspace
 from autotune.tuner.prior import best_micro_batch, variant_order
 from autotune.tuner.ranking import score
 from autotune.tuner.reasons import NotRunKind, NotRunReason
-from autotune.tuner.samplers import Subspace
 from autotune.tuner.space import TuningSpace, VariantPlan
 
 if TYPE_CHECKING:

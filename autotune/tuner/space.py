@@ -197,7 +197,8 @@ class TuningSpace:
     ) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
         """A configuration as an Optuna trial's parameters, with their distributions: the
         stage among those searched, the micro-batch (log-scaled), the optimizer's offload
-        where it is offloaded, and each tuned knob under its dotted key.
+        and activation checkpointing where the variant switches them on, and each tuned
+        knob under its dotted key.
 
         Example:
             >>> space = TuningSpace((), {}, {}, sizes=(8, 16, 64), stages=(1, 2))
@@ -210,7 +211,12 @@ class TuningSpace:
         """
         from optuna.distributions import CategoricalDistribution, IntDistribution
 
-        from autotune.tuner.trials import MICRO_BATCH_PARAM, OFFLOAD_PARAM, STAGE_PARAM
+        from autotune.tuner.trials import (
+            CHECKPOINTING_PARAM,
+            MICRO_BATCH_PARAM,
+            OFFLOAD_PARAM,
+            STAGE_PARAM,
+        )
 
         stages = self.stages if variant.stage in self.stages else (*self.stages, variant.stage)
         largest = max((*self.sizes, micro_batch_size))
@@ -219,9 +225,13 @@ class TuningSpace:
             STAGE_PARAM: CategoricalDistribution(stages),
             MICRO_BATCH_PARAM: IntDistribution(1, largest, log=True),
         }
-        if variant.offload_optimizer:
-            params[OFFLOAD_PARAM] = True
-            dists[OFFLOAD_PARAM] = CategoricalDistribution((False, True))
+        for param, switched in (
+            (OFFLOAD_PARAM, variant.offload_optimizer),
+            (CHECKPOINTING_PARAM, variant.activation_checkpointing),
+        ):
+            if switched:
+                params[param] = True
+                dists[param] = CategoricalDistribution((False, True))
         choices = {
             key: values
             for plan in self.plans

@@ -1,12 +1,12 @@
 """Every experiment as a trial of an Optuna study: the run's record.
 
 A trial's parameters are its configuration (:data:`STAGE_PARAM`, :data:`MICRO_BATCH_PARAM`,
-:data:`OFFLOAD_PARAM` where the optimizer is offloaded, and each tuned knob under its dotted
-config key), its value the run's metric, its state how the experiment ended
-(:func:`state_of`), and its user attributes everything the experiment recorded
-(:func:`result_attrs`; :func:`record_of` reads them back). A trial is asked when its
-experiment starts (``RUNNING``: an interrupted run's are run again on resume) and told when
-it finishes: the tell is the commit point.
+:data:`OFFLOAD_PARAM` where the optimizer is offloaded, :data:`CHECKPOINTING_PARAM` where
+activations are checkpointed, and each tuned knob under its dotted config key), its value the
+run's metric, its state how the experiment ended (:func:`state_of`), and its user attributes
+everything the experiment recorded (:func:`result_attrs`; :func:`record_of` reads them back).
+A trial is asked when its experiment starts (``RUNNING``: an interrupted run's are run again
+on resume) and told when it finishes: the tell is the commit point.
 
 The study's own user attributes say what was tuned (``target``, ``engine``), written once by
 the results directory.
@@ -29,9 +29,12 @@ if TYPE_CHECKING:
 STAGE_PARAM = "zero_stage"
 MICRO_BATCH_PARAM = "micro_batch_size"
 OFFLOAD_PARAM = "offload_optimizer"
+CHECKPOINTING_PARAM = "activation_checkpointing"
 
 # What a trial records beside its result: how it was proposed.
 PHASE_ATTR = "phase"
+# A suggestion (of a sampler the user passed) that was no configuration to run, and why.
+NOT_RUN_ATTR = "not_run"
 REPEAT_OF_ATTR = "repeat_of"
 DS_CONFIG_ATTR = "ds_config"
 # The result's own fields, each a user attribute (ExperimentResult.to_dict's keys).
@@ -117,12 +120,16 @@ class PastExperiment:
         name: its name.
         repeat_of: the configuration it measured again (None: its own).
         result: how it ended (None: it was still running when the run stopped).
+        params: its configuration as the trial's parameters.
+        dists: their distributions.
     """
 
     number: int
     name: str
     repeat_of: str | None
     result: ExperimentResult | None
+    params: dict[str, Any]
+    dists: dict[str, BaseDistribution]
 
 
 def past_experiments(trials: Iterable[FrozenTrial]) -> list[PastExperiment]:
@@ -137,7 +144,16 @@ def past_experiments(trials: Iterable[FrozenTrial]) -> list[PastExperiment]:
         if trial.state.is_finished() and not finished:
             continue  # failed without a result: an experiment that never ran
         result = ExperimentResult.from_dict(record_of(trial)) if finished else None
-        past.append(PastExperiment(trial.number, attrs["name"], attrs.get(REPEAT_OF_ATTR), result))
+        past.append(
+            PastExperiment(
+                trial.number,
+                attrs["name"],
+                attrs.get(REPEAT_OF_ATTR),
+                result,
+                dict(trial.params),
+                dict(trial.distributions),
+            )
+        )
     return past
 
 
@@ -160,17 +176,25 @@ class TrialLog:
         params: Mapping[str, Any],
         distributions: Mapping[str, BaseDistribution],
         attrs: Mapping[str, Any],
+        *,
         number: int | None = None,
+        trial: optuna.Trial | None = None,
+        sampled: bool = False,
     ) -> int:
-        """The trial of experiment ``name``, asked now with its configuration's ``params``
-        (or, with ``number``, the running trial an interrupted run left); its number."""
+        """The trial of experiment ``name``; its number. It is the running trial an
+        interrupted run left (``number``), or one a sampler was already asked (``trial``), or
+        asked now: of the study's sampler (``sampled``: the search, which hands Optuna
+        ``params``), else with ``params`` fixed (a re-measurement)."""
         import optuna
 
-        if number is not None:
+        if trial is None and number is not None:
             trial = optuna.trial.Trial(self.study, self._trial_id(number))
-        else:
-            self.study.enqueue_trial(dict(params), skip_if_exists=False)
+        elif trial is None:
+            if not sampled:
+                self.study.enqueue_trial(dict(params), skip_if_exists=False)
             trial = self.study.ask(dict(distributions))
+            if sampled and trial.params != dict(params):  # the study's sampler is not the search
+                raise RuntimeError(f"the study sampled {trial.params} for {name}, not {params}")
         for key, value in {"name": name, **attrs}.items():
             trial.set_user_attr(key, value)
         self._open[name] = trial
@@ -197,8 +221,7 @@ class TrialLog:
         attrs: Mapping[str, Any],
     ) -> int:
         """A finished experiment the tuner did not ask for, as a finished trial; its number."""
-        self.start(result.name, params, distributions, attrs)
-        number = int(self._open[result.name].number)
+        number = self.start(result.name, params, distributions, attrs)
         self.finish(result, None)
         return number
 

@@ -10,7 +10,7 @@ import pytest
 from autotune.experiment import ExperimentResult, Status
 from autotune.summary_text import not_run_texts, stop_text
 from autotune.tuner import Candidate, Phase
-from autotune.tuner.bounds import SAME_FAILURE_LIMIT
+from autotune.tuner.stopping import SAME_FAILURE_LIMIT
 from tests.tuner.landscape import Landscape, drive, true_largest_fit
 from tests.tuner.tuners import fast_tuner
 

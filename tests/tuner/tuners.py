@@ -45,6 +45,7 @@ def small_tuner(
     study: optuna.Study | None = None,
     stages: tuple[int, ...] = (1, 2),
     warm_start: WarmStart | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
     **autotuning: Any,
 ) -> Tuner:
     return Tuner(
@@ -54,6 +55,7 @@ def small_tuner(
         clock=clock or FakeClock(),
         study=study,
         warm_start=warm_start,
+        sampler=sampler,
     )
 
 

@@ -1,12 +1,13 @@
-"""Samplers: which point of a finite space to try next. One ask/tell interface, three strategies.
+"""Point orders: which point of a finite space a sampled phase tries next (gridsearch's and
+random's micro-batch and knob phases). One ask/tell interface, two orders.
 
 A space is a union of :class:`Subspace` s, each the product of a few value lists under a label
-(one per ZeRO variant: its knobs differ). A sampler proposes an open point — one not run, not
+(one per ZeRO variant: its knobs differ). An order proposes an open point — one not run, not
 pruned and not in flight, as the caller's ``is_open`` says — and learns from what it is told.
 It can be told about points it never proposed: that is how a resumed run replays its history.
 
-- :class:`GridSampler`: every point once, in a fixed order.
-- :class:`RandomSampler`: every point once, in a seeded random order.
+- :class:`GridOrder`: every point once, in a fixed order.
+- :class:`RandomOrder`: every point once, in a seeded random order.
 """
 
 from __future__ import annotations
@@ -52,15 +53,15 @@ class Subspace:
         return [Point(self.label, tuple(zip(keys, combo, strict=True))) for combo in products]
 
 
-class Sampler(Protocol):
-    """What every sampler does.
+class PointOrder(Protocol):
+    """What every order does.
 
     Example:
-        >>> sampler = GridSampler([Subspace("z0", (("mbs", (8, 4)),))])
-        >>> point = sampler.ask(lambda p: True)
+        >>> order = GridOrder([Subspace("z0", (("mbs", (8, 4)),))])
+        >>> point = order.ask(lambda p: True)
         >>> point.as_dict()
         {'mbs': 8}
-        >>> sampler.tell(point, score=12.5)
+        >>> order.tell(point, score=12.5)
     """
 
     def ask(self, is_open: IsOpen) -> Point | None:
@@ -73,7 +74,7 @@ class Sampler(Protocol):
         ...
 
 
-class GridSampler:
+class GridOrder:
     """Every point once, subspace by subspace, each in the order of its value lists."""
 
     def __init__(self, space: Sequence[Subspace]) -> None:
@@ -89,7 +90,7 @@ class GridSampler:
         return sum(1 for p in self._order if is_open(p))
 
 
-class RandomSampler(GridSampler):
+class RandomOrder(GridOrder):
     """Every point once, in an order fixed by the seed (so a resumed run continues it)."""
 
     def __init__(self, space: Sequence[Subspace], seed: int = 0) -> None:
@@ -97,17 +98,17 @@ class RandomSampler(GridSampler):
         random.Random(seed).shuffle(self._order)
 
 
-def make_sampler(kind: TunerType | str, space: Sequence[Subspace], seed: int = 0) -> Sampler:
-    """The sampler for ``autotuning.tuner_type``.
+def make_order(kind: TunerType | str, space: Sequence[Subspace], seed: int = 0) -> PointOrder:
+    """The point order of ``autotuning.tuner_type``'s sampled phases.
 
     Example:
         >>> space = [Subspace("z0", (("mbs", (1, 2, 4)),))]
-        >>> type(make_sampler("random", space, seed=3)).__name__
-        'RandomSampler'
+        >>> type(make_order("random", space, seed=3)).__name__
+        'RandomOrder'
     """
     kind = TunerType(kind)
     if kind is TunerType.gridsearch:
-        return GridSampler(space)
+        return GridOrder(space)
     if kind is TunerType.random:
-        return RandomSampler(space, seed)
-    raise ValueError(f"{kind.value} searches with its cost model, not a phase sampler")
+        return RandomOrder(space, seed)
+    raise ValueError(f"{kind.value} searches with its cost model, not a point order")
