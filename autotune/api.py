@@ -190,7 +190,7 @@ def make_runner(
     ray_address: str | None = None,
     gpus_per_rank: float | None = None,
     job: TuningJob | None = None,
-) -> Any:
+) -> ContextManager[Any]:
     """What runs the experiments, as a context manager that shuts it down: ``"ray"``, warm
     actors on the Ray cluster at ``ray_address`` (None: one started here, or
     ``RAY_ADDRESS``'s); ``"local"``, fresh processes per experiment.
@@ -360,8 +360,6 @@ def tune(
         )
         print(report.summary.best, report.optimal_config_path)
     """
-    from autotune import tuning
-
     request = RunRequest(
         config=config,
         autotuning=autotuning,
@@ -374,15 +372,63 @@ def tune(
         cpus_per_rank=cpus_per_rank,
         started_s=time.monotonic(),
     )
+    start = functools.partial(make_runner, runner, ray_address, gpus_per_rank)
+    return run(
+        request,
+        start,
+        on_event=on_event,
+        max_concurrent=max_concurrent,
+        warm_start=warm_start,
+        sampler=sampler,
+    )
+
+
+def run(
+    request: RunRequest,
+    start_runner: Callable[[TuningJob], ContextManager[Any]],
+    *,
+    on_event: Callable[[TuningEvent], None] | None = None,
+    on_checked: Callable[[TuningJob], None] | None = None,
+    on_report: Callable[[TuningReport], None] | None = None,
+    max_concurrent: int | None = None,
+    warm_start: WarmStart | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
+) -> TuningReport:
+    """Run ``request`` to the end: the one chain :func:`tune` and ``autotune run`` go through.
+
+    The config is loaded first (a bad one fails before anything starts); the rest of the job
+    is checked while ``start_runner(job)`` starts what runs the experiments
+    (:func:`started_runner`), which is shut down before this returns, whatever happens.
+
+    Args:
+        request: what the run is asked.
+        start_runner: the runner for the job, as a context manager (see :func:`make_runner`).
+        on_event: called as each experiment starts and finishes (a progress display).
+        on_checked: called once the job is checked, while the runner may still be starting
+            (to say the run goes on).
+        on_report: called with the report before the runner shuts down (a cluster takes a
+            while to stop; the answer is ready).
+        max_concurrent, warm_start, sampler: as for :func:`tune`.
+
+    Raises:
+        as :func:`tune`: every input error named by where it came from.
+    """
+    from autotune import tuning
+
     job = load_job(request)
-    start = functools.partial(make_runner, runner, ray_address, gpus_per_rank, job)
-    with started_runner(job, start) as experiment_runner:
-        try:
-            return tuning.tune(
-                job, experiment_runner, on_event, max_concurrent, warm_start, sampler
-            )
-        except ConfigError as err:
-            raise attributed(err, request, job.script) from None
+
+    def checked() -> None:
+        if on_checked is not None:
+            on_checked(job)
+
+    try:
+        with started_runner(job, functools.partial(start_runner, job), checked) as runner:
+            report = tuning.tune(job, runner, on_event, max_concurrent, warm_start, sampler)
+            if on_report is not None:
+                on_report(report)
+    except ConfigError as err:  # the job's check, or a config that leaves nothing to search
+        raise attributed(err, request, job.script) from None
+    return report
 
 
 def _config_file(request: RunRequest, script: ScriptTarget | None) -> Path | str | None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from autotune.api import RunRequest
     from autotune.job import TuningJob
     from autotune.script_target import ScriptTarget
+    from autotune.tuning import TuningReport
 
 # Typer's usage errors, whether it uses click or, as recent versions do, its own copy of it.
 _UsageError: type[Exception] = next(
@@ -263,10 +264,12 @@ def run(
     Script mode: autotune run [OPTIONS] -- train.py --deepspeed ds_config.json [ARGS...]
     """
     started_s = time.monotonic()  # autotuning.time_budget_s counts the cluster's start too
-    from autotune.api import RunRequest, load_job, started_runner
-    from autotune.display import Progress, output_console, print_line, print_report
+    from rich.console import Console
+
+    from autotune.api import RunRequest, load_job
+    from autotune.api import run as run_request
+    from autotune.display import Progress, print_report
     from autotune.summary_text import stopped_line
-    from autotune.tuning import tune
 
     request = RunRequest(
         config=config,
@@ -282,28 +285,33 @@ def run(
         names=_RUN_NAMES,
     )
     with _bad_input_exits(request, _job_errors):
-        job = load_job(request)  # a bad config fails here, before anything starts
-    console = output_console()
+        job = load_job(request)  # a bad config fails here, in a fraction of a second
+    console = Console(stderr=False)
 
-    def header() -> None:
-        print_line(
-            console,
+    def header(job: TuningJob) -> None:
+        console.print(
             f"autotune: tuning {job.label} at world size {job.world_size} by "
             f"{job.config.autotuning.metric.value}; results in {job.results_path}",
+            highlight=False,
+            markup=False,
         )
 
-    # The rest of the job is checked (torch imported, the workload run on the meta device)
-    # while the runner starts: Ray, and the actors of the first experiment. The header says
-    # the job is good as soon as it is known, Ray still starting.
-    start = functools.partial(_make_runner, runner, ray_address, gpus_per_rank, job)
-    with (
-        _bad_input_exits(request, _job_errors, _tune_errors, script=job.script),
-        started_runner(job, start, on_checked=header) as experiment_runner,
-    ):
+    start = functools.partial(_make_runner, runner, ray_address, gpus_per_rank)
+    with _bad_input_exits(request, _job_errors, _tune_errors):
         try:
             with Progress(console, quiet) as progress:
-                report = tune(
-                    job, experiment_runner, on_event=progress, max_concurrent=max_concurrent
+
+                def finished(done: TuningReport) -> None:
+                    progress.stop()
+                    print_report(console, done)
+
+                report = run_request(
+                    request,
+                    start,
+                    on_event=progress,
+                    on_checked=header,
+                    on_report=finished,
+                    max_concurrent=max_concurrent,
                 )
         except KeyboardInterrupt:
             typer.echo(
@@ -312,12 +320,10 @@ def run(
                 err=True,
             )
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        # Before the runner closes: shutting Ray down takes a while, the report is ready.
-        print_report(console, report)
-        if report.summary.best is None:
-            # Nothing to train with: a script or pipeline calling autotune must see that.
-            typer.echo(f"error: no experiment ran ok; {stopped_line(report.summary)}", err=True)
-            raise typer.Exit(EXIT_NOTHING_RAN_OK)
+    if report.summary.best is None:
+        # Nothing to train with: a script or pipeline calling autotune must see that.
+        typer.echo(f"error: no experiment ran ok; {stopped_line(report.summary)}", err=True)
+        raise typer.Exit(EXIT_NOTHING_RAN_OK)
 
 
 # The run flags that set a key of the config's autotuning section: the one table both for

@@ -74,8 +74,13 @@ class Progress:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the live display (the run's report follows it); again does nothing."""
         if self._live is not None:
             self._live.__exit__(None, None, None)
+            self._live = None
 
     def __call__(self, event: TuningEvent) -> None:
         summary = event.summary
