@@ -188,10 +188,7 @@ def landscape_report() -> dict[str, Any]:
             stage = entry["overrides"]["zero_optimization.stage"]
             micro = entry["overrides"]["train_micro_batch_size_per_gpu"]
             variant = Variant(stage, activation_checkpointing=checkpointed)
-            step = replace(
-                step_shape(config, dict(base), variant, micro),
-                activation_checkpointing=checkpointed,
-            )
+            step = step_shape(config, dict(base), variant, micro)
             at = _interval(model, step_counts(shape, step, topology), variant.label, micro)
             measured = statistics.median(entry["throughput"])
             points.append(

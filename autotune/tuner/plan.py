@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config
@@ -204,17 +204,7 @@ def _predict(
     estimate: Any,
 ) -> list[PlannedConfig]:
     sizes = list(sizes)
-    threshold = values.get("zero_optimization.stage3_param_persistence_threshold")
-    shapes = [
-        replace(
-            step_shape(config, values, variant, size),
-            activation_checkpointing=variant.activation_checkpointing,
-            param_persistence_threshold=float(threshold)
-            if isinstance(threshold, int | float) and not isinstance(threshold, bool)
-            else None,
-        )
-        for size in sizes
-    ]
+    shapes = [step_shape(config, values, variant, size) for size in sizes]
     predictions = model.predict(
         [step_counts(shape, s, topology) for s in shapes], [variant.label] * len(shapes)
     )

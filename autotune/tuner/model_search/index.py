@@ -43,6 +43,8 @@ def step_shape(
         reduce_bucket_size=size("zero_optimization.reduce_bucket_size"),
         allgather_bucket_size=size("zero_optimization.allgather_bucket_size"),
         prefetch_bucket_size=size("zero_optimization.stage3_prefetch_bucket_size"),
+        activation_checkpointing=variant.activation_checkpointing,
+        param_persistence_threshold=size("zero_optimization.stage3_param_persistence_threshold"),
     )
 
 

@@ -144,7 +144,9 @@ class ModelBasedSearch(Search):
 
 
 def model_shape(model_info: ModelInfo | None) -> ModelShape | None:
-    """What the cost model needs of the workload (None: not known yet)."""
+    """What the cost model needs of the workload (None: not known yet): its size and FLOPs,
+    its parameter tensors (stages 2-3 hook each) and modules (stage 3 gathers each), and what
+    checkpointing recomputes."""
     if model_info is None or model_info.flops_per_sample <= 0:
         return None
-    return ModelShape(model_info.num_params, model_info.flops_per_sample)
+    return ModelShape.from_info(model_info)
