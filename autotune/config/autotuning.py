@@ -15,8 +15,9 @@ from autotune.metric import Metric
 
 
 class TunerType(str, enum.Enum):
-    """How the sampled phases pick their next point (``autotune.tuner.samplers``): every point
-    in order, points at random, or Optuna's model of the results so far."""
+    """How the search picks what to measure next (``autotune.tuner.search``, each an Optuna
+    sampler of the run's study): DeepSpeed's phases with every point in order, or at random,
+    or (the default) the cost model of a ZeRO step fitted to what ran."""
 
     gridsearch = "gridsearch"
     random = "random"
