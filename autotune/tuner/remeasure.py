@@ -19,7 +19,10 @@ measurement could move the answer by more than :data:`~autotune.tuner.ranking.TO
    other (ties go to the lower peak memory, then the name).
 3. A configuration measured only while other processes competed for the ranks' cores
    (``disturbed``: its value is too low) is measured once more, if it could be its variant's
-   best or a rival on a quiet machine: a busy minute must not decide a stage's standing.
+   best or a rival on a quiet machine: a busy minute must not decide a stage's standing. A
+   machine busy throughout (:meth:`Remeasurement.busy`: most measurements disturbed, the last
+   few too) is not measured again for it: another measurement would meet the same busy
+   machine, so the answer is declared on the evidence there is.
 4. The control, the first configuration the search measured, is measured again every
    :data:`CONTROL_EVERY` search experiments and at the end: where the machine changed under
    the run unseen (a GPU's clocks, a slow start-up), it measures slower than its fastest by
@@ -57,6 +60,11 @@ MAX_EXPECTED_LOSS = 0.01
 SURPRISE_Z = 3.0
 # Measurements of one configuration at most, its first included.
 MAX_MEASUREMENTS = 4
+# Measurements in a row taken while other processes competed for the cores that say the
+# machine is busy now (a neighbour's job, not a passing burst): measuring again to find the
+# quiet machine waits until a quiet measurement says it is back.
+BUSY_STREAK = 3
+BUSY_SHARE = 0.9
 
 # The control measured slower than its fastest by more than this many standard deviations of
 # a difference says the machine changed under the run, unseen.
@@ -179,7 +187,8 @@ class Remeasurement:
             return None
         leader = ranking[0]
         if leader.disturbed:
-            return leader.name
+            # Measured again where that can find the quiet machine: not while it is busy.
+            return None if self.busy() else leader.name
         if leader.num_measurements > 1:
             return None
         rival = next((r for r in ranking[1:] if not r.disturbed), None)
@@ -320,12 +329,30 @@ class Remeasurement:
 
     # --- a busy machine's measurements --------------------------------------------------------
 
+    def busy(self) -> bool:
+        """Whether the machine is busy throughout, not in a passing burst: the last
+        :data:`BUSY_STREAK` measurements that ran ok, and :data:`BUSY_SHARE` of all of them,
+        were taken while other processes competed for the ranks' cores. Such a machine's
+        measurements are not rescued by measuring again: the next meets it busy too. A burst
+        is waited out (measured again until a quiet measurement comes)."""
+        disturbed = [
+            result.metrics.disturbed
+            for result in (self._ledger.results[name] for name in self._ledger.order)
+            if result.ok and result.metrics is not None
+        ]
+        recent = disturbed[-BUSY_STREAK:]
+        if len(recent) < BUSY_STREAK or not all(recent):
+            return False
+        return sum(disturbed) >= BUSY_SHARE * len(disturbed)
+
     def _rescues(self, ranking: list[Ranked]) -> list[str]:
         """Step 3: configurations whose standing a busy machine decided, and whose quiet
         value could make them their variant's best or beat the leader: measured only while
         the ranks saw other processes compete (until one quiet measurement, which then ranks
         alone), or taken while the control saw the machine slow (until the quiet ones
         outnumber the slow, so that the median is the quiet machine's)."""
+        if self.busy():
+            return []  # measured again now, they would meet the same busy machine
         ledger, metric = self._ledger, self._tuning.metric
         slowdowns = self.slowdowns()
         bounds: dict[str, float] = {}
@@ -386,9 +413,11 @@ class Remeasurement:
         (twice that in all) already; ``bounded`` False: the control, measured through the
         run."""
         total = self._counts()[name]
+        # While the machine is busy a measurement is most likely disturbed again: the bound
+        # counts every measurement, not only the quiet ones (which may never come).
+        limit = MAX_MEASUREMENTS if self.busy() else 2 * MAX_MEASUREMENTS
         if bounded and (
-            self._counts(informative=True)[name] >= MAX_MEASUREMENTS
-            or total >= 2 * MAX_MEASUREMENTS
+            self._counts(informative=True)[name] >= MAX_MEASUREMENTS or total >= limit
         ):
             return None
         repeat = self._ledger.repeat(name, total)

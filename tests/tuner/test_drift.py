@@ -136,9 +136,17 @@ def test_competition_that_never_ends_is_measured_a_bounded_number_of_times(
     tuner_type: str,
 ) -> None:
     busy, busy_count = tune(tuner_type, DriftingMachine(0, 10_000, seen=True))
+    quiet, quiet_count = tune(tuner_type, DriftingMachine())
     summary = busy.summary()
     assert busy.finished
-    assert all(r.num_measurements <= 2 * MAX_MEASUREMENTS for r in summary.ranking)
+    # Measuring again on a machine that stays busy meets the same busy machine: the run
+    # re-measures about as much as a quiet one does (issue: 26 of 30 experiments were).
+    assert all(r.num_measurements <= MAX_MEASUREMENTS for r in summary.ranking)
+    assert summary.num_remeasured <= quiet.summary().num_remeasured + 2, (
+        summary.num_remeasured,
+        quiet.summary().num_remeasured,
+    )
+    assert busy_count <= quiet_count + 2
     assert summary.best is not None and summary.best.disturbed
     assert (
         summary.num_disturbed

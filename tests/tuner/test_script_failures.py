@@ -3,6 +3,7 @@ micro-batch bounds every variant; a script that fails alike everywhere ends the 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 import pytest
@@ -116,7 +117,17 @@ def never_initialized(candidate: Candidate) -> str:
     return f"{ScriptNeverInitialized.__name__}: the script finished without calling initialize()"
 
 
-@pytest.mark.parametrize("error_of", [argparse_exit, never_initialized])
+def rank_lost(candidate: Candidate) -> str:
+    """An infrastructure failure as Ray reports it: an actor id and an address of its own in
+    every experiment (the run from a folder that shadowed the package, issue 43)."""
+    seed = zlib.crc32(candidate.name.encode())
+    return (
+        f"infrastructure: RankLost: rank 1 actor was lost before the experiment began "
+        f"(actor {seed:08x}{seed:08x}e0c1 died; object at 0x7efd{seed % 65536:04x}abc10)"
+    )
+
+
+@pytest.mark.parametrize("error_of", [argparse_exit, never_initialized, rank_lost])
 def test_a_script_that_fails_alike_everywhere_ends_the_run_naming_the_error(
     error_of: Callable[[Candidate], str],
 ) -> None:
