@@ -221,11 +221,15 @@ def notes(summary: TuningSummary) -> list[str]:
     if summary.noise is not None:
         # noise_measured: some configuration measured twice on a quiet machine, not merely
         # twice (on a busy one every repeat can be disturbed).
-        assumed = (
-            ""
-            if summary.noise_measured
-            else ", assumed: no configuration was measured twice undisturbed"
-        )
+        assumed = ""
+        if not summary.noise_measured:
+            assumed = ", assumed: no configuration was measured twice undisturbed"
+            spreads = [r.spread for r in summary.ranking if r.num_measurements > 1]
+            if spreads:  # what the busy machine's repeats did show
+                assumed += (
+                    f"; the {counted(len(spreads), 'configuration')} measured again while "
+                    f"disturbed spread {min(spreads):.0%}-{max(spreads):.0%}"
+                )
         noise = f" ({summary.noise:.1%} run to run{assumed})"
     if tied > 2:
         lines.append(
@@ -236,7 +240,14 @@ def notes(summary: TuningSummary) -> list[str]:
         lines.append(f"note: the top two are within measurement noise of each other{noise}")
     if summary.best_at_cap is not None:
         lines.append(f"note: {at_cap_text(summary.best_at_cap)}")
-    if summary.num_disturbed:
+    if summary.num_disturbed and summary.num_disturbed == summary.num_run - summary.num_failed:
+        lines.append(
+            f"note: every measurement ({summary.num_disturbed}) was taken while other "
+            "processes competed for the ranks' cores: the machine was busy throughout, so "
+            "the ranking is what a busy machine measured (measuring again would have met it "
+            "busy too); run again on a quiet machine to rank with confidence"
+        )
+    elif summary.num_disturbed:
         lines.append(
             f"note: {summary.num_disturbed} measurement"
             f"{' was' if summary.num_disturbed == 1 else 's were'} taken while other processes "

@@ -416,9 +416,7 @@ class Remeasurement:
         # While the machine is busy a measurement is most likely disturbed again: the bound
         # counts every measurement, not only the quiet ones (which may never come).
         limit = MAX_MEASUREMENTS if self.busy() else 2 * MAX_MEASUREMENTS
-        if bounded and (
-            self._counts(informative=True)[name] >= MAX_MEASUREMENTS or total >= limit
-        ):
+        if bounded and (self._counts(informative=True)[name] >= MAX_MEASUREMENTS or total >= limit):
             return None
         repeat = self._ledger.repeat(name, total)
         return repeat if is_open(repeat) else None

@@ -20,6 +20,7 @@ import pytest
 
 from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
+from autotune.summary_text import notes
 from autotune.tuner import Candidate, Tuner
 from autotune.tuner.ranking import TOLERANCE
 from autotune.tuner.remeasure import MAX_MEASUREMENTS
@@ -147,6 +148,8 @@ def test_competition_that_never_ends_is_measured_a_bounded_number_of_times(
         quiet.summary().num_remeasured,
     )
     assert busy_count <= quiet_count + 2
+    said = " ".join(notes(summary))
+    assert "busy throughout" in said and "contenders were measured again" not in said
     assert summary.best is not None and summary.best.disturbed
     assert (
         summary.num_disturbed
