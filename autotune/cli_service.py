@@ -79,6 +79,11 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
 
         if runner not in ("ray", "local"):
             raise fail(f"--runner {runner}: expected ray or local")
+        missing = _missing_modules("fastapi", "uvicorn", "a2wsgi", "optuna_dashboard", "plotly")
+        if missing:
+            raise fail(
+                f"autotune serve needs {', '.join(missing)}: pip install 'autotune[service]'"
+            )
         try:
             token = read_token(token_file)
             check_exposure(host, token)
@@ -194,6 +199,12 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
         typer.echo(json.dumps(final, indent=2))
         if final["status"] != "succeeded":
             raise typer.Exit(1)
+
+
+def _missing_modules(*names: str) -> list[str]:
+    import importlib.util
+
+    return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def _folder(path: Path, flag: str) -> Path:

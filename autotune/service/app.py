@@ -46,6 +46,7 @@ TOKEN_COOKIE = "autotune_token"
 DASHBOARD_PREFIXES = ("/dashboard", "/static/", "/favicon.ico", "/csv/")
 DASHBOARD_API = ("/api/meta", "/api/studies", "/api/trials")
 PUBLIC_API = ("/api/health",)
+JSON_BODIES = ("/api/jobs",)
 
 
 def create_app(
@@ -70,12 +71,8 @@ def create_app(
         return {"status": "ok", "version": autotune.__version__}
 
     @api.post("/api/jobs", status_code=201)
-    def submit(body: JobRequest, request: Request) -> dict[str, Any]:
+    def submit(body: JobRequest) -> dict[str, Any]:
         """Queue a job, or answer it at once from a finished one with the same key."""
-        content_type = request.headers.get("content-type", "")
-        if not content_type.startswith("application/json"):
-            # Also what keeps another site's form out: JSON needs a preflight it won't pass.
-            raise RequestError("send the job as JSON (Content-Type: application/json)", 415)
         check_request(body, settings.allowed_roots)
         given = body.model_dump(mode="json", exclude_defaults=True)
         key, answer = None, None
@@ -321,6 +318,15 @@ class Guard:
             await _answer_json(
                 send, 401, "a token is needed: Authorization: Bearer <token>", _CHALLENGE
             )
+            return
+        content_type = headers.get("content-type", "")
+        if (
+            method == "POST"
+            and path in JSON_BODIES
+            and not content_type.startswith("application/json")
+        ):
+            # Also what keeps another site's form out: JSON needs a preflight it won't get.
+            await _answer_json(send, 415, "send JSON (Content-Type: application/json)")
             return
         if to_dashboard and method not in ("GET", "HEAD"):
             await _answer_json(send, 405, "the study views are read-only: jobs change the record")
