@@ -12,7 +12,13 @@ from autotune.cli import app
 from autotune.service import knowledge
 from autotune.service.queue import CANCELLED, QUEUED, RUNNING, SUCCEEDED, JobQueue
 from autotune.service.requests import JobRequest, placement, tuning_job
-from autotune.service.settings import SettingsError, check_exposure, is_loopback
+from autotune.service.scheduler import Scheduler, _Child
+from autotune.service.settings import (
+    ServiceSettings,
+    SettingsError,
+    check_exposure,
+    is_loopback,
+)
 
 
 def test_a_restart_requeues_running_jobs_in_submission_order(tmp_path: Path) -> None:
@@ -125,3 +131,22 @@ def test_serve_refuses_an_open_host_without_a_token_in_one_line(
     empty.write_text("")
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--token-file", str(empty)])
     assert result.exit_code == 2 and "is empty" in result.output
+
+
+def scheduler(runner: str, gpus: float, held: list[float]) -> Scheduler:
+    """A scheduler with jobs holding ``held`` GPUs each (no process started)."""
+    from unittest import mock
+
+    settings = ServiceSettings(runner=runner)
+    running = Scheduler(settings, mock.Mock(), lambda: gpus)
+    for number, count in enumerate(held):
+        running._children[str(number)] = _Child(str(number), mock.Mock(), mock.Mock(), count)
+    return running
+
+
+def test_one_job_at_a_time_unless_the_gpus_leave_room() -> None:
+    assert scheduler("ray", 0, [])._fits(2)  # the first always starts
+    assert not scheduler("ray", 0, [0])._fits(0)  # CPU ranks: jobs would measure each other
+    assert not scheduler("local", 8, [2])._fits(2)
+    assert scheduler("ray", 8, [2, 4])._fits(2)
+    assert not scheduler("ray", 8, [2, 4])._fits(4)  # waits, and so do the jobs behind it
