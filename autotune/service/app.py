@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 import autotune
 from autotune.service import knowledge
@@ -30,6 +30,7 @@ from autotune.service.requests import (
     placement,
     tuning_job,
 )
+from autotune.service.scheduler import LOG_NAME
 from autotune.service.settings import ServiceSettings, is_loopback, token_matches
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ DASHBOARD_PREFIXES = ("/dashboard", "/static/", "/favicon.ico", "/csv/")
 DASHBOARD_API = ("/api/meta", "/api/studies", "/api/trials")
 PUBLIC_API = ("/api/health",)
 JSON_BODIES = ("/api/jobs",)
+LOG_TAIL_BYTES = 64 * 1024
 
 
 def create_app(
@@ -99,6 +101,20 @@ def create_app(
         if source is None or source.results_dir is None:
             return []
         return experiment_rows(Path(source.results_dir))
+
+    @api.get("/api/jobs/{job_id}/log", response_class=PlainTextResponse)
+    def log(job_id: str) -> str:
+        """The end of the job's log (its process's output: the run's lines, any error)."""
+        found = _job(queue, job_id)
+        if found.results_dir is None:
+            return ""
+        path = Path(found.results_dir) / LOG_NAME
+        try:
+            with path.open("rb") as handle:
+                handle.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+                return handle.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     @api.delete("/api/jobs/{job_id}")
     def cancel(job_id: str) -> dict[str, Any]:

@@ -188,8 +188,16 @@ class JobRun:
     def _on_event(self, event: TuningEvent) -> None:
         from autotune.tuning import EventKind
 
-        if event.kind is EventKind.finished:
+        if event.kind is EventKind.finished and event.result is not None:
+            result = event.result
+            measured = result.metrics.throughput if result.metrics is not None else None
+            said = f", {measured:.4g} samples/s" if measured is not None else ""
+            print(f"finished {result.name}: {result.status.value}{said}", flush=True)
             self._draw()
+        elif event.kind is EventKind.started and event.candidate is not None:
+            print(f"started {event.candidate.name}", flush=True)
+        elif event.kind is EventKind.resumed:
+            print(f"resumed: {event.summary.num_run} experiment(s) kept", flush=True)
 
     def _draw(self, predicted: dict[str, float] | None = None) -> None:
         """The study's figures from what finished so far. A figure that cannot be drawn
@@ -255,6 +263,7 @@ class JobRun:
                 profiles, hardware, summary.cost_model, job.memory_budget, self.job.id, finished_at
             )
         self._draw(predictions(self.results_dir))
+        print(f"answer: {summary.best.name}; optimal config: {report.optimal_config_path}")
         self.queue.finish(
             self.job.id, SUCCEEDED, best=best, command=command, experiments=experiments
         )

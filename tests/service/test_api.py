@@ -56,6 +56,8 @@ def test_a_job_is_queued_listed_and_cancelled(client: tuple[TestClient, JobQueue
     view = http.get(f"/api/jobs/{job['id']}").json()
     assert {"id", "status", "experiments", "best", "cached", "error"} <= set(view)
     assert view["best"] is None and view["experiments"] == 0
+    log = http.get(f"/api/jobs/{job['id']}/log")
+    assert log.status_code == 200 and log.text == ""  # not started: nothing said yet
     assert http.delete(f"/api/jobs/{job['id']}").json()["status"] == "cancelled"
 
 

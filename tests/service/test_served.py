@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,14 @@ def test_a_job_ends_succeeded_with_the_best_ds_config(first_job: dict[str, Any])
     assert best["ds_config"]["zero_optimization"]["stage"] in (0, 1, 2, 3)
     assert first_job["experiments"] >= 1 and not first_job["cached"]
     assert first_job["dashboard"].startswith("/dashboard/studies/")
+
+
+def test_a_jobs_log_and_experiments_are_served(service: Served, first_job: dict[str, Any]) -> None:
+    status, experiments = service.call("GET", f"/api/jobs/{first_job['id']}/experiments")
+    assert status == 200 and len(experiments) == first_job["experiments"]
+    assert first_job["best"]["name"] in {e["name"] for e in experiments}
+    with urllib.request.urlopen(f"{service.url}/api/jobs/{first_job['id']}/log") as response:
+        assert "optimal config:" in response.read().decode()
 
 
 def test_the_same_job_again_is_answered_from_the_record(
