@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.config import EngineName, Metric, TunerType
 from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD, DEFAULT_WORLD_SIZE
+
+if TYPE_CHECKING:
+    from autotune.job import TuningJob
 
 MAX_BODY_BYTES = 1 << 20  # a config and a script's argv fit many times over
 _MAX_ARG_CHARS = 4096
@@ -208,7 +211,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:40] or "job"
 
 
-def tuning_job(request: JobRequest, results_dir: Path, storage: str) -> Any:
+def tuning_job(request: JobRequest, results_dir: Path, storage: str) -> TuningJob:
     """The :class:`~autotune.job.TuningJob` ``autotune run`` would assemble for ``request``
     (its config loaded and checked, nothing run), with the service's results directory and
     storage: what :func:`autotune.service.knowledge.job_key` keys.

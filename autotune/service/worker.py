@@ -34,7 +34,9 @@ from autotune.service.settings import QUEUE_NAME
 if TYPE_CHECKING:
     import optuna
 
+    from autotune.job import TuningJob
     from autotune.metric import Metric
+    from autotune.tuner.warm_start import WarmStart
     from autotune.tuning import TuningEvent, TuningReport
 
 # How the service tells a job's process where things are (the storage URL may hold a
@@ -159,7 +161,9 @@ class JobRun:
         print(f"answered from job {source}, which ran the same job", file=sys.stderr)
         return SUCCEEDED
 
-    def _warm_start(self, job: Any, hardware: str, storage: optuna.storages.BaseStorage) -> Any:
+    def _warm_start(
+        self, job: TuningJob, hardware: str, storage: optuna.storages.BaseStorage
+    ) -> WarmStart | None:
         """What earlier jobs on this hardware taught, chosen at the job's first start and kept
         with it: a resumed job replays its study with the same prior it began with."""
         from autotune.tuner.warm_start import WarmStart
@@ -220,7 +224,9 @@ class JobRun:
 
     # --- after: what it learned -------------------------------------------------------------
 
-    def _finished(self, report: TuningReport, key: str, hardware: Any, job: Any) -> str:
+    def _finished(
+        self, report: TuningReport, key: str, hardware: knowledge.HardwareId, job: TuningJob
+    ) -> str:
         summary = report.summary
         experiments = summary.num_run
         if summary.best is None or report.optimal_config_path is None:
@@ -293,7 +299,7 @@ def _storage(url: str) -> optuna.storages.BaseStorage:
     return optuna.storages.get_storage(url)
 
 
-def _measured_size(report: TuningReport, job: Any) -> int | None:
+def _measured_size(report: TuningReport, job: TuningJob) -> int | None:
     """A script's model size, as its experiments measured it."""
     from autotune.job import measured_model_info
     from autotune.results import ResultsDir
