@@ -9,6 +9,7 @@ order: the last one kills the service.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import urllib.request
@@ -71,6 +72,20 @@ def test_the_same_job_again_is_answered_from_the_record(
     assert forced["cached"] is False
     assert service.call("DELETE", f"/api/jobs/{forced['id']}")[0] == 200
     assert service.wait(forced["id"])["status"] == "cancelled"
+
+
+def test_submit_from_a_shell(service: Served, first_job: dict[str, Any]) -> None:
+    submitted = CliRunner().invoke(
+        app, ["submit", "--server", service.url, "--workload", "mlp", "--num-trials", "4", "--wait"]
+    )
+    assert submitted.exit_code == 0, submitted.output
+    first_line = json.loads(submitted.output.splitlines()[0])
+    assert first_line["cached"] is True  # the first job's, answered from the record
+    refused = CliRunner().invoke(
+        app, ["submit", "--server", service.url, "--workload", "mlp", "--device-memory", "lots"]
+    )
+    assert refused.exit_code == 2
+    assert refused.output.startswith("error: ") and len(refused.output.splitlines()) == 1
 
 
 def test_another_model_starts_from_what_the_first_taught(
