@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 import autotune
 from autotune.service import knowledge
-from autotune.service.queue import FINISHED, RUNNING, Job, JobQueue
+from autotune.service.queue import FINISHED, Job, JobQueue
 from autotune.service.requests import (
     MAX_BODY_BYTES,
     JobRequest,
@@ -152,7 +152,7 @@ def job_view(job: Job, storage: optuna.storages.BaseStorage) -> dict[str, Any]:
     what the page shows besides."""
     study = _study_name(job)
     experiments = job.experiments
-    if experiments is None and job.status == RUNNING and study is not None:
+    if experiments is None and study is not None:  # running, or stopped before its summary
         experiments = _finished_trials(storage, study)
     warm = dict(job.warm_start or {})
     warm.pop("cost_model", None)  # the constants themselves are the profile's to show

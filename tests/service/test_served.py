@@ -107,6 +107,17 @@ def test_another_model_starts_from_what_the_first_taught(
     assert "z" in planned.output
 
 
+def test_a_running_job_is_cancelled_as_ctrl_c_stops_a_run(service: Served) -> None:
+    job = {**SMALL_JOB, "workload_args": {"d_hidden": 80}, "num_trials": 6, "tuner": "gridsearch"}
+    answer = service.submit(job)
+    service.wait(answer["id"], until=lambda view: view["experiments"] >= 1)
+    status, view = service.call("DELETE", f"/api/jobs/{answer['id']}")
+    assert status == 200 and view["status"] == "running" and view["cancel_requested"]
+    ended = service.wait(answer["id"])
+    assert ended["status"] == "cancelled" and ended["best"] is None
+    assert 1 <= ended["experiments"] < 6  # it stopped; what finished is kept in its study
+
+
 def test_the_page_shows_the_jobs_the_answer_and_the_study(
     service: Served, first_job: dict[str, Any], tmp_path: Path
 ) -> None:
