@@ -3,12 +3,32 @@
 #   bash install.sh         the tool
 #   bash install.sh dev     the tool plus test and lint tools, and DeepSpeed (as `deepspeed`)
 #   bash install.sh deepspeed   the tool plus DeepSpeed, to tune on it (autotuning.engine)
+#   bash install.sh browser     Debian's headless Chromium, which the page's tests drive with
+#                               Playwright (its own browser download does not work everywhere);
+#                               `dev` installs it too where it can (as root, with apt-get)
 # torch goes in first and explicitly: with a GPU (nvidia-smi answers) the default CUDA build,
 # without one the CPU build, so a laptop or CI box never pulls a multi-GB CUDA wheel.
 # AUTOTUNE_TORCH_SPEC overrides the torch requirement (e.g. "torch==2.9.1").
 set -euo pipefail
 cd "$(dirname "$0")"
 extra=""
+# Debian's chromium-headless-shell (apt) for the service page's Playwright tests.
+install_browser() {
+    if command -v chromium-headless-shell >/dev/null 2>&1 || [ -x /usr/lib/chromium/chromium-headless-shell ]; then
+        return 0
+    fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell >/dev/null
+    else
+        echo "note: the page's browser tests need Debian's chromium-headless-shell" \
+            "(apt-get install chromium-headless-shell); they skip without it" >&2
+    fi
+}
+if [ "${1:-}" = "browser" ]; then
+    install_browser
+    exit 0
+fi
 [ "${1:-}" = "dev" ] && extra="[dev]"
 [ "${1:-}" = "deepspeed" ] && extra="[deepspeed]"
 pip() { python -m pip --disable-pip-version-check -q "$@"; }
@@ -31,3 +51,6 @@ if [ -n "$extra" ]; then
     DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed>=0.14,<0.20"
 fi
 pip install -e ".${extra}"
+if [ "${1:-}" = "dev" ]; then
+    install_browser
+fi

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from autotune.cli_service import register as register_service_commands
 from autotune.config import ConfigError, EngineName, Metric, TunerType
 from autotune.config.sizes import format_size
 from autotune.defaults import (
@@ -631,6 +632,9 @@ def exec_(
         err=True,
     )
     raise typer.Exit(subprocess.call(command, env=env))
+
+
+register_service_commands(app, fail)  # autotune serve, autotune submit
 
 
 @app.callback()

@@ -172,6 +172,28 @@ def fitted_cost_model(results_dir: Path) -> CostModel:
         raise ConfigError("--from", f"{path}: {err}: run it again to plan from it") from None
 
 
+def profile_cost_model(hardware: str) -> CostModel | None:
+    """The cost model of a hardware profile ``autotune serve`` wrote (the constants fitted
+    there last), where ``hardware`` names one; None for a catalog name or a plain file.
+
+    Raises:
+        ConfigError: the profile's model was fitted by an earlier version of the model.
+    """
+    path = Path(hardware)
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # load_hardware says what is wrong with it
+    if not isinstance(data, dict) or not isinstance(data.get("cost_model"), dict):
+        return None
+    try:
+        return CostModel.from_dict(data["cost_model"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError("--hardware", f"{path}: {err}: the service fits it again") from None
+
+
 def _as_recorded(raw: Mapping[str, Any], world_size: int) -> dict[str, Any]:
     """A config as a run's fingerprint records it (resolved, its autotuning section out)."""
     recorded = load_config(dict(raw), world_size=world_size).to_dict()
@@ -191,6 +213,8 @@ def make_plan(request: PlanRequest) -> Plan:
         WorkloadError: the workload cannot be built or does not run on the meta device.
     """
     fitted = fitted_cost_model(request.from_dir) if request.from_dir is not None else None
+    profiled = profile_cost_model(request.hardware) if request.hardware is not None else None
+    fitted = fitted or profiled
     run = tuned_run(request.from_dir) if request.from_dir is not None else None
     hardware = _hardware(request.hardware, fitted)
     if run is not None and request.hardware is None and run.device_memory_bytes:
@@ -249,7 +273,9 @@ def make_plan(request: PlanRequest) -> Plan:
         sample=sample,
         micro_batch_cap=sizes[-1] if capped else None,
         cap_listed=listed,
-        origin=_origin_words(run, request) if run is not None else "",
+        origin=_origin_words(run, request)
+        if run is not None
+        else (f"the constants fitted on it ({request.hardware})" if profiled else ""),
     )
 
 

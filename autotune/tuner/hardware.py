@@ -150,7 +150,9 @@ def hardware_names() -> list[str]:
 
 def load_hardware(name_or_path: str) -> Hardware:
     """A catalog entry by name (``v100-32gb``), or a JSON file with :class:`Hardware`'s fields
-    (``peak_flops`` a mapping of precision to FLOP/s; ``name`` defaults to the file's stem).
+    (``peak_flops`` a mapping of precision to FLOP/s; ``name`` defaults to the file's stem),
+    or a profile ``autotune serve`` wrote (those fields under ``hardware``, beside the
+    ``cost_model`` fitted there, which ``autotune plan`` predicts with).
 
     Raises:
         ConfigError: an unknown name, or a file that is missing, not JSON, or lacks a field
@@ -178,18 +180,31 @@ def load_hardware(name_or_path: str) -> Hardware:
         raise ConfigError(
             "--hardware", f"{path}: not JSON ({err.msg}, line {err.lineno})"
         ) from None
+    if isinstance(data, dict) and isinstance(data.get("hardware"), dict) and "cost_model" in data:
+        data = data["hardware"]  # a profile autotune serve fitted: its hardware's fields
     if not isinstance(data, dict):
         raise ConfigError("--hardware", f"{path}: expected a JSON object of hardware fields")
     data.setdefault("name", path.stem)
+    return hardware_from_fields(data, str(path))
+
+
+def hardware_from_fields(data: Mapping[str, Any], source: str) -> Hardware:
+    """:class:`Hardware` from its fields as JSON holds them (a file's, or the ``hardware`` of a
+    profile ``autotune serve`` fitted); ``source`` names them in an error.
+
+    Raises:
+        ConfigError: a field is missing, unknown or not a positive number.
+    """
+    data = dict(data)
     missing = [f for f in _REQUIRED if f not in data]
     if missing:
-        raise ConfigError("--hardware", f"{path}: missing {', '.join(missing)}")
+        raise ConfigError("--hardware", f"{source}: missing {', '.join(missing)}")
     unknown = sorted(set(data) - {f.name for f in fields(Hardware)})
     if unknown:
-        raise ConfigError("--hardware", f"{path}: unknown field {unknown[0]!r}")
+        raise ConfigError("--hardware", f"{source}: unknown field {unknown[0]!r}")
     peaks = data["peak_flops"]
     if not isinstance(peaks, dict) or "fp32" not in peaks:
-        raise ConfigError("--hardware", f"{path}: peak_flops needs at least an fp32 figure")
+        raise ConfigError("--hardware", f"{source}: peak_flops needs at least an fp32 figure")
     try:
         hardware = Hardware(
             name=str(data["name"]),
@@ -208,10 +223,10 @@ def load_hardware(name_or_path: str) -> Hardware:
             gpus_per_node=int(data.get("gpus_per_node", 8)),
         )
     except (TypeError, ValueError) as err:
-        raise ConfigError("--hardware", f"{path}: {err}") from None
+        raise ConfigError("--hardware", f"{source}: {err}") from None
     values = [hardware.memory_bytes, hardware.memory_bandwidth, *hardware.peak_flops.values()]
     if min(values) <= 0 or hardware.gpus_per_node < 1:
-        raise ConfigError("--hardware", f"{path}: every figure must be positive")
+        raise ConfigError("--hardware", f"{source}: every figure must be positive")
     return hardware
 
 
