@@ -18,16 +18,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from autotune.cli_results import register as register_results_commands
 from autotune.cli_service import register as register_service_commands
 from autotune.config import ConfigError, EngineName, Metric, TunerType
-from autotune.config.sizes import format_size
 from autotune.defaults import (
     DEFAULT_CPUS_PER_RANK,
     DEFAULT_WORKLOAD,
     DEFAULT_WORLD_SIZE,
-    default_results_dir,
 )
-from autotune.metric import PEAK_MEMORY_COLUMN, PEAK_MEMORY_LABEL
 
 if TYPE_CHECKING:
     from autotune.api import RunRequest
@@ -143,12 +141,6 @@ def validate(
         typer.echo(f"search space: {keys}", err=True)
     if not isinstance(cfg.train_micro_batch_size_per_gpu, int):
         typer.echo("batch size: left to the tuner (no micro-batch fixed)", err=True)
-
-
-class ReportFormat(str, enum.Enum):
-    table = "table"
-    csv = "csv"
-    json = "json"
 
 
 class RunnerKind(str, enum.Enum):
@@ -483,122 +475,6 @@ def _make_runner(
     return make_runner(kind.value, ray_address, gpus_per_rank, job)
 
 
-# DIR of report and best: run's default results directory, so that `autotune run` and then
-# `autotune report` need no path.
-_RESULTS_DIR_HELP = "A results directory (default: run's, autotuning_results)."
-
-
-@app.command()
-def report(
-    results_dir: Annotated[
-        Path | None, typer.Argument(help=_RESULTS_DIR_HELP, show_default=False)
-    ] = None,
-    format: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.table,
-    metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
-    runs: Annotated[
-        bool,
-        typer.Option("--runs", help="Every measurement on its own, re-measurements included."),
-    ] = False,
-) -> None:
-    """Print the run's ranking: configurations best first, repeats folded (as summary.txt
-    and best name the winner); --runs: every measurement by its own value."""
-    from autotune.results import ResultsDir, ResultsDirError, load_results
-
-    results_dir = results_dir or default_results_dir()
-    chosen = metric or ResultsDir(results_dir).ranked_metric()
-    try:
-        frame = load_results(results_dir, ranked_by=chosen, runs=runs)
-    except (ResultsDirError, ValueError) as err:
-        raise fail(str(err)) from None
-    if format is ReportFormat.csv:
-        typer.echo(frame.to_csv(index=False), nl=False)
-    elif format is ReportFormat.json:
-        typer.echo(frame.to_json(orient="records", date_format="iso", indent=2))
-    else:
-        from rich.table import Table
-
-        columns = {
-            "name": "experiment" if runs else "configuration",
-            "status": "status",
-            "zero_stage": "stage",
-            "micro_batch_size": "micro",
-            "gradient_accumulation_steps": "accum",
-            chosen.value: chosen.label if runs else f"{chosen.label}, median",
-            **(
-                {"latency_spread": "step spread"}
-                if runs
-                else {"runs": "runs", "spread": "run spread"}
-            ),
-            **(
-                {"disturbed_runs": "disturbed"}
-                if not runs and frame.get("disturbed_runs", frame["name"] == "").any()
-                else {}
-            ),
-            PEAK_MEMORY_COLUMN: PEAK_MEMORY_LABEL,
-            "error": "error",
-        }
-        ran = ", ".join(sorted({str(t) for t in frame["target"].dropna()}))  # what was tuned
-        where = f"{results_dir} ({ran})" if ran else str(results_dir)
-        what = "experiments" if runs else "configurations"
-        table = Table(title=f"{where}: {what} by {chosen.value}")
-        for header in columns.values():
-            table.add_column(header, no_wrap=header != "error", overflow="fold")
-        for _, row in frame[list(columns)].iterrows():
-            table.add_row(*(_cell(column, row[column]) for column in columns))
-        if not runs and frame["runs"].max() > 1 and (frame["runs"] == 1).any():
-            table.caption = (
-                "configurations measured once are listed after those measured again: "
-                "one lucky run is not declared best"
-            )
-        from autotune.display import output_console
-
-        output_console().print(table)
-
-
-def _cell(column: str, value: Any) -> str:
-    if value is None or (isinstance(value, float) and value != value):  # None or NaN
-        return ""
-    if column == PEAK_MEMORY_COLUMN:
-        return format_size(float(value))
-    if column in ("latency_spread", "spread"):
-        return f"{float(value):.0%}"
-    if column in ("runs", "disturbed_runs"):
-        return str(int(value))
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-@app.command()
-def best(
-    results_dir: Annotated[
-        Path | None, typer.Argument(help=_RESULTS_DIR_HELP, show_default=False)
-    ] = None,
-    command: Annotated[
-        bool,
-        typer.Option("--command", help="The command that trains the tuned script with it."),
-    ] = False,
-) -> None:
-    """Print the path of the best config found (ds_config_optimal.json), or with --command
-    the command that trains the tuned script with it (cmd_optimal.txt)."""
-    from autotune.results import ResultsDir
-    from autotune.results.store import COMMAND_NAME, OPTIMAL_NAME
-
-    results_dir = results_dir or default_results_dir()
-    results = ResultsDir(results_dir)
-    path = results.optimal_path()
-    if path is None:
-        raise fail(f"{results_dir} has no {OPTIMAL_NAME} (has a run finished there?)")
-    if not command:
-        typer.echo(str(path))
-        return
-    text = results.optimal_command()
-    if text is None:
-        raise fail(
-            f"{results_dir} has no {COMMAND_NAME}: it tuned a workload, not a script (train "
-            f"your script with --deepspeed_config {path})"
-        )
-    typer.echo(text)
-
-
 @app.command("exec", context_settings={"ignore_unknown_options": True})
 def exec_(
     script: Annotated[
@@ -634,6 +510,7 @@ def exec_(
     raise typer.Exit(subprocess.call(command, env=env))
 
 
+register_results_commands(app, fail)  # autotune report, autotune best
 register_service_commands(app, fail)  # autotune serve, autotune submit
 
 
