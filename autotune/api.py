@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.job import TuningJob
+    from autotune.profiling.model_info import ModelInfo
     from autotune.script_target import ScriptTarget
     from autotune.tuner.warm_start import WarmStart
     from autotune.tuning import TuningEvent, TuningReport
@@ -217,14 +218,14 @@ def make_runner(
 def started_runner(
     job: TuningJob,
     start: Callable[[], ContextManager[Any]],
-    on_checked: Callable[[], None] | None = None,
+    on_checked: Callable[[ModelInfo | None], None] | None = None,
 ) -> Iterator[Any]:
     """The runner ``start()`` makes (e.g. ``partial(make_runner, "ray", job=job)``), entered,
     while ``job`` is checked (:func:`autotune.job.check_job`) on a thread of its own: both
-    take seconds (Ray's start; torch's import and the workload's meta-device forward), and
-    two cores do them at once. The runner is shut down if the check fails. ``on_checked``
-    runs on the checking thread as soon as the check has passed (to say that the run goes
-    on, while the runner may still be starting).
+    take seconds (Ray's start; torch's import, the workload's meta-device forward and its
+    profile), and two cores do them at once. The runner is shut down if the check fails.
+    ``on_checked`` runs on the checking thread as soon as the check has passed, with the
+    workload's profile (to say that the run goes on, while the runner may still be starting).
 
     The check, not Ray, goes to the thread: Ray binds the processes it starts to the thread
     that starts them (Linux's parent-death signal), so they would die with a thread that
@@ -242,9 +243,9 @@ def started_runner(
 
     def check() -> None:
         try:
-            check_job(job)
+            info = check_job(job)
             if on_checked is not None:
-                on_checked()
+                on_checked(info)
         except BaseException as err:  # raised again in the caller's thread, below
             failed.append(err)
 
@@ -416,14 +417,18 @@ def run(
     from autotune import tuning
 
     job = load_job(request)
+    profiled: list[ModelInfo | None] = []
 
-    def checked() -> None:
+    def checked(info: ModelInfo | None) -> None:
+        profiled.append(info)
         if on_checked is not None:
             on_checked(job)
 
     try:
         with started_runner(job, functools.partial(start_runner, job), checked) as runner:
-            report = tuning.tune(job, runner, on_event, max_concurrent, warm_start, sampler)
+            report = tuning.tune(
+                job, runner, on_event, max_concurrent, warm_start, sampler, profiled[0]
+            )
             if on_report is not None:
                 on_report(report)
     except ConfigError as err:  # the job's check, or a config that leaves nothing to search

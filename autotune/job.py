@@ -135,21 +135,21 @@ class TuningJob:
         }
 
 
-def check_job(job: TuningJob) -> None:
-    """What can be checked before anything starts (Ray takes seconds): the workload builds
-    and runs a forward on the meta device, and the results directory can hold this job.
+def check_job(job: TuningJob) -> ModelInfo | None:
+    """What can be checked before anything starts (Ray takes seconds): the workload builds,
+    runs a forward on the meta device and is profiled, and the results directory can hold
+    this job. Returns the workload's profile (None for a script, whose model its first
+    experiment measures): checked while Ray starts, it is ready when the first experiment is.
 
     Raises:
         WorkloadError: the workload spec or its arguments are unusable.
         ResultsDirError / ResultsLockedError: the results directory cannot be used.
         DeepSpeedUnavailable: the job measures on DeepSpeed, and none usable is installed.
     """
-    from autotune.workloads import check_workload
-
     measuring_engine(job.config.autotuning.engine).check_installed()
-    if job.script is None:
-        check_workload(job.workload, job.workload_args, seed=job.config.autotuning.seed)
+    info = workload_model_info(job) if job.script is None else None
     ResultsDir.check(job.results_path, job.fingerprint(), overwrite=job.overwrite)
+    return info
 
 
 def workload_model_info(job: TuningJob) -> ModelInfo:

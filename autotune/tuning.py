@@ -111,6 +111,7 @@ def tune(
     max_concurrent: int | None = None,
     warm_start: WarmStart | None = None,
     sampler: optuna.samplers.BaseSampler | None = None,
+    model_info: ModelInfo | None = None,
 ) -> TuningReport:
     """Run (or resume) a tuning job to the end.
 
@@ -123,6 +124,8 @@ def tune(
             experiments sharing cores measure each other.
         warm_start: what earlier runs on the same hardware taught (``model_based``).
         sampler: an Optuna sampler to search with instead of the tuner type's.
+        model_info: the workload's profile, where the job's check made it already (None:
+            profiled here; a script's model is measured by its first experiment).
 
     An interruption (Ctrl-C, any exception) cancels the experiments in flight and releases
     their resources before it propagates; their results are not recorded, so a resumed run
@@ -134,7 +137,9 @@ def tune(
         ConfigError: the config leaves nothing to search.
     """
     # A workload's model is profiled up front; a script's is measured by its first experiment.
-    info = workload_model_info(job) if job.script is None else None
+    info = model_info
+    if info is None and job.script is None:
+        info = workload_model_info(job)
     notify = on_event or (lambda event: None)
     with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:
