@@ -11,6 +11,8 @@
 # checkpointing matters; each table gets LANDSCAPE_TIME_S seconds (default 150) of
 # experiments after its probes, and keeps what was measured by then. Then, with the time
 # left under LANDSCAPE_EXTRA_S (default 0), the HF Trainer tests at ZeRO stage 3.
+# LANDSCAPE_CHECKPOINTING (default "false true") picks the tables: without and/or with
+# activation checkpointing.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out_dir=${1:-${OUT:-results/landscapes}}
@@ -28,7 +30,7 @@ nvidia-smi -L 2>/dev/null
 
 model=(-a n_layer=24 -a d_model=1024 -a n_head=16 -a seq_len=1024 -a vocab=50304)
 code=0
-for ckpt in false true; do
+for ckpt in ${LANDSCAPE_CHECKPOINTING:-false true}; do
     name=gpt350m_bf16$([ "$ckpt" = true ] && echo _ckpt)_${budget,,}
     # LANDSCAPE_SIZES / LANDSCAPE_SIZES_CKPT: measure these micro-batches instead of probing
     sizes=$([ "$ckpt" = true ] && echo "${LANDSCAPE_SIZES_CKPT:-}" || echo "${LANDSCAPE_SIZES:-}")
@@ -43,6 +45,6 @@ done
 
 if [ "${LANDSCAPE_EXTRA_S:-0}" -gt 0 ]; then
     timeout "${LANDSCAPE_EXTRA_S}" python3 -m pytest -m gpu tests/gpu/test_hf_cuda.py \
-        -k "3" -p no:cacheprovider -rA -q 2>&1 | tee "$out_dir/pytest-hf-stage3.log" | tail -n 5
+        -k "3-fp32 or 3-bf16" -p no:cacheprovider -rA -q 2>&1 | tee "$out_dir/pytest-hf-stage3.log" | tail -n 5
 fi
 exit "$code"
