@@ -157,6 +157,26 @@ def past_experiments(trials: Iterable[FrozenTrial]) -> list[PastExperiment]:
     return past
 
 
+# Set on a trial a killed run left before it was named (see :func:`fail_unnamed`).
+ABANDONED_ATTR = "abandoned"
+
+
+def fail_unnamed(study: optuna.Study) -> int:
+    """Fail the trials a killed run left between creating a trial and naming it (a trial
+    is created, then named, in separate writes): running or waiting, no experiment's name.
+    Nothing ran for them; left waiting, the next trial asked would take one's parameters.
+    Returns how many there were."""
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+    unnamed = [t for t in left if "name" not in t.user_attrs]
+    for trial in unnamed:
+        storage.set_trial_user_attr(trial._trial_id, ABANDONED_ATTR, "the run was killed first")
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    return len(unnamed)
+
+
 class TrialLog:
     """Writes a tuner's experiments into ``study`` (see the module docstring).
 

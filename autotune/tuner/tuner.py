@@ -69,6 +69,7 @@ from autotune.tuner.trials import (
     PHASE_ATTR,
     REPEAT_OF_ATTR,
     TrialLog,
+    fail_unnamed,
     new_study,
     past_experiments,
 )
@@ -318,6 +319,7 @@ class Tuner:
         finished experiments, and those left running, owed a run with their numbers (until
         run again they count as in flight for early stopping, and their phase proposes them
         before anything new, so the resumed run decides as the interrupted one would have)."""
+        fail_unnamed(study)
         for past in past_experiments(study.get_trials(deepcopy=False)):
             self._params.setdefault(past.repeat_of or past.name, (past.params, past.dists))
             if past.result is None:

@@ -77,3 +77,29 @@ def test_replayed_time_counts_toward_the_budget() -> None:
     assert resumed.elapsed_s == 40.0
     # 25 s left: one more search experiment, then a re-measurement of the best (10 s each).
     assert [c.repeat_of is None for c in drive(resumed, landscape, clock=clock)] == [True, False]
+
+
+def test_a_trial_the_kill_left_before_it_was_named_is_failed_and_taken_by_nothing(
+    tuner_type: str,
+) -> None:
+    # A trial is created, then named, in separate writes: a kill -9 between them leaves a
+    # trial with no experiment (running; or waiting, where a re-measurement's parameters
+    # were queued), which the next trial asked must not take up.
+    landscape = Landscape()
+    whole = [c.name for c in drive(small_tuner(tuner_type), landscape)]
+    record = stored_study()
+    log = run_some(small_tuner(tuner_type, study=record()), landscape, 2)
+    study = record()
+    study.enqueue_trial({"zero_stage": 3, "micro_batch_size": 7})
+    study.ask()  # the queued trial, running, never named
+    study.enqueue_trial({"zero_stage": 3, "micro_batch_size": 5})  # waiting
+    resumed = small_tuner(tuner_type, study=record())
+    rest = [c.name for c in drive(resumed, landscape)]
+    assert [r.name for r in log] + rest == whole and resumed.finished
+    trials = record().trials
+    orphans = [t for t in trials if "name" not in t.user_attrs]
+    assert [t.state for t in orphans] == [TrialState.FAIL, TrialState.FAIL]
+    assert all(t.user_attrs["abandoned"] for t in orphans)
+    named = [t for t in trials if "name" in t.user_attrs]
+    assert [t.user_attrs["name"] for t in named] == whole
+    assert all(t.state.is_finished() for t in named)
