@@ -37,6 +37,7 @@ from autotune.defaults import (
     DEFAULT_WORLD_SIZE,
     default_results_dir,
 )
+from autotune.profiling.interference import CpuSample, sample_cpu
 
 if TYPE_CHECKING:
     import optuna
@@ -69,6 +70,8 @@ class RunRequest:
         overwrite: discard a previous run's results.
         cpus_per_rank: cores (torch threads) each rank gets.
         started_s: the ``time.monotonic()`` reading ``autotuning.time_budget_s`` counts from.
+        started_cpu: the node's CPU accounting then (:func:`~autotune.profiling.interference.
+            sample_cpu`): whether a neighbour was busy before the run's first experiment.
         names: how the caller spells each input in an error message (the command line: its
             flags): a key of ``autotuning`` (``"--time-budget"``), ``"device_memory"`` or
             ``"config"``. An override named here is named by it with its value; one not named
@@ -85,6 +88,7 @@ class RunRequest:
     overwrite: bool = False
     cpus_per_rank: int = DEFAULT_CPUS_PER_RANK
     started_s: float | None = None
+    started_cpu: CpuSample | None = None
     names: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
@@ -166,6 +170,7 @@ def load_job(request: RunRequest) -> TuningJob:
         cpus_per_rank=request.cpus_per_rank,
         script=target.with_arg_mappings(config.autotuning.arg_mappings or {}) if target else None,
         started_s=request.started_s,
+        started_cpu=request.started_cpu,
     )
     return job
 
@@ -372,6 +377,7 @@ def tune(
         overwrite=overwrite,
         cpus_per_rank=cpus_per_rank,
         started_s=time.monotonic(),
+        started_cpu=sample_cpu(),
     )
     start = functools.partial(make_runner, runner, ray_address, gpus_per_rank)
     return run(

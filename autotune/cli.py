@@ -257,6 +257,9 @@ def run(
     Script mode: autotune run [OPTIONS] -- train.py --deepspeed ds_config.json [ARGS...]
     """
     started_s = time.monotonic()  # autotuning.time_budget_s counts the cluster's start too
+    from autotune.profiling.interference import sample_cpu
+
+    started_cpu = sample_cpu()  # was a neighbour busy before the first experiment?
     from rich.console import Console
 
     from autotune.api import RunRequest, load_job
@@ -275,6 +278,7 @@ def run(
         overwrite=overwrite,
         cpus_per_rank=cpus_per_rank,
         started_s=started_s,
+        started_cpu=started_cpu,
         names=_RUN_NAMES,
     )
     with _bad_input_exits(request, _job_errors):

@@ -93,6 +93,11 @@ class Progress:
                 self._logged_phase = phase
             if self.quiet and event.running[1:]:  # several at once: say when each starts
                 self._log(f"{event.candidate.name}: started ({len(event.running)} running)")
+        elif event.kind is EventKind.waiting and event.wait_s is not None:
+            self._log(
+                f"the machine is busy: waiting up to {event.wait_s:.0f} s for it to quiet "
+                "down before measuring again what it slowed"
+            )
         elif event.kind is EventKind.finished and event.result is not None:
             result = event.result
             metric = summary.metric

@@ -19,6 +19,7 @@ from autotune.config.knobs import CHECKPOINTING_KEY
 from autotune.config.overrides import as_client_reads
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
 from autotune.experiment import ExperimentResult, ExperimentSpec
+from autotune.profiling.interference import CpuSample
 from autotune.results import ResultsDir
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.script_target import ScriptTarget
@@ -47,6 +48,9 @@ class TuningJob:
         started_s: the ``time.monotonic()`` reading ``autotuning.time_budget_s`` counts from
             (the CLI: the command's start, so the cluster's start-up counts); None: when
             :func:`tune` starts.
+        started_cpu: the node's CPU accounting at the job's start, so that the run knows
+            whether a neighbour was busy before its first experiment (see
+            :func:`autotune.tuning.tune`); None: not known.
     """
 
     config: Config
@@ -58,6 +62,7 @@ class TuningJob:
     cpus_per_rank: int = DEFAULT_CPUS_PER_RANK
     script: ScriptTarget | None = None
     started_s: float | None = None
+    started_cpu: CpuSample | None = None
 
     @property
     def results_path(self) -> Path:
@@ -70,6 +75,11 @@ class TuningJob:
     def label(self) -> str:
         """What is tuned, for summaries: the workload, or the script."""
         return self.script.label if self.script is not None else self.workload
+
+    @property
+    def rank_cores(self) -> int:
+        """The cores one experiment's ranks keep busy: a thread per core each."""
+        return self.world_size * self.cpus_per_rank
 
     @property
     def world_size(self) -> int:

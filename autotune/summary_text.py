@@ -162,6 +162,7 @@ def summary_json(
         "short_windows": dict(summary.short_windows),
         "noise": summary.noise,
         "noise_measured": summary.noise_measured,
+        "waited_for_quiet_s": round(summary.waited_for_quiet_s, 1),
         "num_stopped_early": summary.num_stopped_early,
         "cost_model": dict(summary.cost_model) if summary.cost_model is not None else None,
         "num_infrastructure_retries": summary.num_infrastructure_retries,
@@ -240,19 +241,25 @@ def notes(summary: TuningSummary) -> list[str]:
         lines.append(f"note: the top two are within measurement noise of each other{noise}")
     if summary.best_at_cap is not None:
         lines.append(f"note: {at_cap_text(summary.best_at_cap)}")
+    waited = ""
+    if summary.waited_for_quiet_s:
+        waited = f", and stayed busy the {summary.waited_for_quiet_s:.0f} s waited for it"
     if summary.num_disturbed and summary.num_disturbed == summary.num_run - summary.num_failed:
         lines.append(
             f"note: every measurement ({summary.num_disturbed}) was taken while other "
-            "processes competed for the ranks' cores: the machine was busy throughout, so "
-            "the ranking is what a busy machine measured (measuring again would have met it "
+            f"processes competed for the ranks' cores: the machine was busy throughout{waited}, "
+            "so the ranking is what a busy machine measured (measuring again would have met it "
             "busy too); run again on a quiet machine to rank with confidence"
         )
     elif summary.num_disturbed:
+        after = ""
+        if summary.waited_for_quiet_s:
+            after = f" once it was quiet (after waiting {summary.waited_for_quiet_s:.0f} s)"
         lines.append(
             f"note: {summary.num_disturbed} measurement"
             f"{' was' if summary.num_disturbed == 1 else 's were'} taken while other processes "
             "competed for the ranks' cores; a configuration ranks on its undisturbed ones "
-            "where it has any, and the contenders were measured again"
+            f"where it has any, and the contenders were measured again{after}"
         )
     if summary.short_windows:
         seconds = sorted(summary.short_windows.values())

@@ -6,13 +6,16 @@ never run again and an interrupted one (its trial still running) is proposed aga
 
 With a runner that runs several experiments at once (:class:`ConcurrentRunner`), the loop
 keeps every free slot busy: it asks the tuner as soon as a slot opens, and records each result
-the moment it finishes, so a crash loses only the experiments in flight.
+the moment it finishes, so a crash loses only the experiments in flight. Where the tuner,
+with nothing in flight, asks to wait for a busy machine to quiet down, the loop watches the
+node's CPUs for up to that long and tells it how that went.
 """
 
 from __future__ import annotations
 
 import enum
 import shlex
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from autotune.job import (
     measured_model_info,
     workload_model_info,
 )
+from autotune.profiling.interference import leaves_room, others_cores, sample_cpu, wait_for_quiet
 from autotune.results import ResultsDir
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.summary_text import format_summary, summary_json, train_with
@@ -78,6 +82,7 @@ class EventKind(str, enum.Enum):
     resumed = "resumed"
     started = "started"
     finished = "finished"
+    waiting = "waiting"  # for a busy machine to quiet down, up to ``TuningEvent.wait_s``
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class TuningEvent:
     result: ExperimentResult | None
     summary: TuningSummary
     running: tuple[Candidate, ...] = ()  # every experiment in flight after this event
+    wait_s: float | None = None  # waiting: the longest it waits
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ def tune(
     with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:
             info = measured_model_info(results.results(), job.world_size)
-        tuner = make_tuner(job, info, results, warm_start, sampler)
+        tuner = make_tuner(job, info, results, warm_start, sampler, _busy_before_start(job))
         if tuner.num_replayed:
             notify(TuningEvent(EventKind.resumed, None, None, tuner.summary()))
 
@@ -232,8 +238,15 @@ def _run_to_the_end(
                 slots.runner.submit(spec)
                 in_flight[spec.name] = (spec, candidate)
                 notify(TuningEvent(EventKind.started, candidate, None, tuner.summary(), running()))
-            if not in_flight:  # the tuner asks for nothing and waits for nothing: done
-                return run_now
+            if not in_flight:
+                wait_s = tuner.quiet_wait_s
+                if wait_s is None:  # the tuner asks for nothing and waits for nothing: done
+                    return run_now
+                notify(TuningEvent(EventKind.waiting, None, None, tuner.summary(), wait_s=wait_s))
+                started = time.monotonic()
+                quiet = wait_for_quiet(wait_s, slots.job.rank_cores)
+                tuner.machine_quiet(quiet, time.monotonic() - started)
+                continue
             for result in slots.runner.wait():
                 spec, candidate = in_flight.pop(result.name)
                 results.save(spec, result)
@@ -286,13 +299,13 @@ class _Slots:
         self.runner: ConcurrentRunner = (
             runner if isinstance(runner, ConcurrentRunner) else _OneAtATime(runner)
         )
-        self._job = job
+        self.job = job
         self._max_concurrent = max_concurrent
 
     def count(self) -> int:
         if self._max_concurrent is None and not self.runner.uses_gpus:
             return 1  # experiments sharing cores would measure each other
-        fits = self.runner.capacity(self._job.world_size, self._job.cpus_per_rank)
+        fits = self.runner.capacity(self.job.world_size, self.job.cpus_per_rank)
         # At least one: a gang that does not fit yet waits for room (or fails placement).
         return max(1, min(fits, self._max_concurrent or fits))
 
@@ -303,6 +316,7 @@ def make_tuner(
     results: ResultsDir,
     warm_start: WarmStart | None = None,
     sampler: optuna.samplers.BaseSampler | None = None,
+    busy_before_start: bool | None = None,
 ) -> Tuner:
     """A tuner for ``job`` on the run's study in ``results``, which it replays first (see
     :class:`~autotune.tuner.tuner.Tuner`)."""
@@ -321,4 +335,16 @@ def make_tuner(
         hardware=job_hardware(),
         warm_start=warm_start,
         sampler=sampler,
+        busy_before_start=busy_before_start,
     )
+
+
+def _busy_before_start(job: TuningJob) -> bool | None:
+    """Whether other processes held this node's cores between the job's start and now (its
+    cluster's start and its check, before any experiment); None: not known."""
+    if job.started_cpu is None or (now := sample_cpu()) is None:
+        return None
+    others = others_cores(job.started_cpu, now)
+    if others is None or now.at_s - job.started_cpu.at_s < 1.0:
+        return None  # too short a look to say
+    return not leaves_room(others, job.rank_cores, now.node_cores)

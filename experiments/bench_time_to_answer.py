@@ -105,6 +105,7 @@ def one_round(
         "report_names_best": report[0]["name"] == best.get("name")
         and Path(named_best).name == Path(summary.get("optimal_config") or "").name,
         "noise_line": noise_lines[0] if noise_lines else None,
+        "waited_s": summary.get("waited_for_quiet_s") or 0.0,
         "measured": {row["name"]: row["throughput"] for row in report if row["status"] == "ok"},
     }
 
@@ -167,8 +168,8 @@ def main() -> None:
     kinds += [(None, throughout, 1), (None, throughout, 2)] if args.neighbour else []
     rows = [one_round(*kind) for _ in range(args.rounds) for kind in kinds]
 
-    header = ("run", "wall s", "one pass s", "ratio", "exps", "repeats")
-    print("{:<22} {:>7} {:>10} {:>6} {:>5} {:>8}  best".format(*header))
+    header = ("run", "wall s", "one pass s", "ratio", "exps", "repeats", "waited s")
+    print("{:<22} {:>7} {:>10} {:>6} {:>5} {:>8} {:>8}  best".format(*header))
     for row in rows:
         label = "default" if row["num_trials"] is None else f"--num-trials {row['num_trials']}"
         if row["busy_throughout"]:
@@ -177,7 +178,7 @@ def main() -> None:
             label += ", a core busy"
         print(
             f"{label:<22} {row['wall_s']:7.1f} {row['one_pass_s']:10.1f} {row['ratio']:6.2f} "
-            f"{row['experiments']:5d} {row['remeasured']:8d}  {row['best']}"
+            f"{row['experiments']:5d} {row['remeasured']:8d} {row['waited_s']:8.1f}  {row['best']}"
             + (
                 f" (worst stage {row['worst_stage_over_best']:.2f} of the best; report = best: "
                 f"{row['report_names_best']})"
@@ -191,6 +192,13 @@ def main() -> None:
     median_ratio = statistics.median(r["ratio"] for r in defaults)
     print(f"default run: median ratio {median_ratio:.2f} (target <= {TARGET_RATIO})")
     quiet_best = statistics.median(r["measured"][r["best"]] for r in defaults)
+    windowed = [r for r in rows if r["busy"]]
+    if windowed:
+        held = sum(1 for r in windowed if (r["worst_stage_over_best"] or 0) >= BUSY_TARGET)
+        print(
+            f"a core busy from {args.busy_from:.0f} s for {args.busy_for:.0f} s: every stage "
+            f">= {BUSY_TARGET} of the best in {held} of {len(windowed)} runs"
+        )
     for cores in (1, 2) if args.neighbour else ():
         neighbour = [r for r in rows if r["busy_throughout"] and r["busy_cores"] == cores]
         for row in neighbour:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -153,3 +153,57 @@ def oversubscription(
 def is_disturbed(oversubscribed: float | None) -> bool:
     """Whether a window this oversubscribed measured the machine, not the configuration."""
     return oversubscribed is not None and oversubscribed > DISTURBED_OVERSUBSCRIPTION
+
+
+def others_cores(start: CpuSample, end: CpuSample) -> float | None:
+    """The cores processes other than this one's tree kept busy between two samples, on
+    average (None: no time passed). The tree is this process and everything it started: the
+    driver, a Ray cluster it started and that cluster's actors."""
+    seconds = end.at_s - start.at_s
+    if seconds <= 0:
+        return None
+    busy = (end.node_busy_s - start.node_busy_s) - (end.own_s - start.own_s)
+    return max(0.0, busy) / seconds
+
+
+def leaves_room(others: float, demand_cores: float, node_cores: int) -> bool:
+    """Whether ranks that need ``demand_cores`` would measure undisturbed beside ``others``
+    busy cores (:data:`DISTURBED_OVERSUBSCRIPTION`)."""
+    cores = max(node_cores, 1)
+    return (min(demand_cores, cores) + others) / cores - 1.0 <= DISTURBED_OVERSUBSCRIPTION
+
+
+def wait_for_quiet(
+    timeout_s: float,
+    demand_cores: float,
+    *,
+    interval_s: float = 1.0,
+    sample: Callable[[], CpuSample | None] = sample_cpu,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Watch this node for up to ``timeout_s`` until other processes leave room for an
+    experiment whose ranks need ``demand_cores`` (:func:`leaves_room`): True as soon as one
+    ``interval_s`` did, False if it stayed busy (or there is nothing to read: not Linux).
+    This process's own tree is not a neighbour (:func:`others_cores`).
+
+    Example:
+        >>> samples = iter([CpuSample(0, 0, 2, 0), CpuSample(1, 0, 2, 1),   # 1 core busy
+        ...                 CpuSample(1.05, 0.01, 2, 2)])                   # then quiet
+        >>> wait_for_quiet(5, 2, sample=lambda: next(samples), sleep=lambda s: None)
+        True
+    """
+    last = sample()
+    if last is None:
+        return False
+    waited = 0.0
+    while waited < timeout_s:
+        sleep(interval_s)
+        now = sample()
+        others = others_cores(last, now) if now is not None else None
+        if now is None or others is None:
+            return False
+        if leaves_room(others, demand_cores, now.node_cores):
+            return True
+        waited += now.at_s - last.at_s
+        last = now
+    return False

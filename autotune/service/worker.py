@@ -202,6 +202,8 @@ class JobRun:
             print(f"started {event.candidate.name}", flush=True)
         elif event.kind is EventKind.resumed:
             print(f"resumed: {event.summary.num_run} experiment(s) kept", flush=True)
+        elif event.kind is EventKind.waiting and event.wait_s is not None:
+            print(f"the machine is busy: waiting up to {event.wait_s:.0f} s", flush=True)
 
     def _draw(self, predicted: dict[str, float] | None = None) -> None:
         """The study's figures from what finished so far. A figure that cannot be drawn

@@ -22,7 +22,10 @@ measurement could move the answer by more than :data:`~autotune.tuner.ranking.TO
    best or a rival on a quiet machine: a busy minute must not decide a stage's standing. A
    machine busy throughout (:meth:`Remeasurement.busy`: most measurements disturbed, the last
    few too) is not measured again for it: another measurement would meet the same busy
-   machine, so the answer is declared on the evidence there is.
+   machine. Before the answer is declared on the evidence there is, the run waits a while
+   for the machine to quiet down (:meth:`Remeasurement.waits_for_quiet`; the driver watches
+   the node's CPUs, see :func:`~autotune.profiling.interference.wait_for_quiet`): a
+   neighbour that leaves in that time does not decide the ranking.
 4. The control, the first configuration the search measured, is measured again every
    :data:`CONTROL_EVERY` search experiments and at the end: where the machine changed under
    the run unseen (a GPU's clocks, a slow start-up), it measures slower than its fastest by
@@ -65,6 +68,15 @@ MAX_MEASUREMENTS = 4
 # quiet machine waits until a quiet measurement says it is back.
 BUSY_STREAK = 3
 BUSY_SHARE = 0.9
+# Before declaring what a busy machine measured, the run waits for it to quiet down for at
+# most a share of its time so far (all waits together), and not for less than
+# MIN_QUIET_WAIT_S. A neighbour already busy before the run's first experiment is the
+# machine's state: a fifth (one that stays costs the run a fifth more; a busy machine's run
+# then takes 1.8-1.9 times one pass over what it searched, within the 2x bound). One that
+# came during the run is more likely passing: half.
+QUIET_WAIT_SHARE = 0.2
+ARRIVED_WAIT_SHARE = 0.5
+MIN_QUIET_WAIT_S = 2.0
 
 # The control measured slower than its fastest by more than this many standard deviations of
 # a difference says the machine changed under the run, unseen.
@@ -134,6 +146,9 @@ class Remeasurement:
     def __init__(self, ledger: Ledger, tuning: AutotuningConfig) -> None:
         self._ledger = ledger
         self._tuning = tuning
+        # How many results were in when the node was last seen quiet between experiments
+        # (:meth:`quiet_seen`): the machine is not busy until a later measurement says so.
+        self._quiet_at: int | None = None
 
     def noise(self) -> float:
         """The relative noise of one measurement, from the repeats so far (the control's
@@ -335,6 +350,8 @@ class Remeasurement:
         were taken while other processes competed for the ranks' cores. Such a machine's
         measurements are not rescued by measuring again: the next meets it busy too. A burst
         is waited out (measured again until a quiet measurement comes)."""
+        if self._quiet_at is not None and self._quiet_at >= len(self._ledger.order):
+            return False  # seen quiet since the last measurement
         disturbed = [
             result.metrics.disturbed
             for result in (self._ledger.results[name] for name in self._ledger.order)
@@ -345,13 +362,27 @@ class Remeasurement:
             return False
         return sum(disturbed) >= BUSY_SHARE * len(disturbed)
 
-    def _rescues(self, ranking: list[Ranked]) -> list[str]:
+    def quiet_seen(self) -> None:
+        """The node was seen quiet after the last measurement (the driver watched it between
+        experiments): what a busy machine decided is measured again now."""
+        self._quiet_at = len(self._ledger.order)
+
+    def waits_for_quiet(self) -> bool:
+        """Whether the machine is busy (:meth:`busy`) and a quiet one would measure again
+        what it decided: a leader or a contender measured only disturbed."""
+        if not self.busy() or self._tuning.num_remeasure == 0:
+            return False
+        ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
+        return bool(ranking) and (ranking[0].disturbed or bool(self._rescues(ranking, True)))
+
+    def _rescues(self, ranking: list[Ranked], even_if_busy: bool = False) -> list[str]:
         """Step 3: configurations whose standing a busy machine decided, and whose quiet
         value could make them their variant's best or beat the leader: measured only while
         the ranks saw other processes compete (until one quiet measurement, which then ranks
         alone), or taken while the control saw the machine slow (until the quiet ones
-        outnumber the slow, so that the median is the quiet machine's)."""
-        if self.busy():
+        outnumber the slow, so that the median is the quiet machine's). None while the
+        machine is busy (unless ``even_if_busy``)."""
+        if self.busy() and not even_if_busy:
             return []  # measured again now, they would meet the same busy machine
         ledger, metric = self._ledger, self._tuning.metric
         slowdowns = self.slowdowns()

@@ -71,6 +71,8 @@ class TuningSummary:
             uncertainties, see :meth:`autotune.tuner.cost_model.CostModel.to_dict`).
         num_infrastructure_retries: experiments run again by the runner after a failure of
             the machinery, not of the configuration (a port taken, a rank lost before it began).
+        waited_for_quiet_s: how long the run waited between experiments for a busy machine
+            to quiet down (see :mod:`autotune.tuner.remeasure`); 0: it did not.
         not_run_counts: how many configurations each entry of ``not_run`` stands for (a
             whole variant, a micro-batch range; each counted once, under its most specific
             entry, and none that ran); an entry missing from it is one configuration.
@@ -100,6 +102,7 @@ class TuningSummary:
     cost_model: Mapping[str, Any] | None = None
     num_infrastructure_retries: int = 0
     not_run_counts: Mapping[str, int] = field(default_factory=dict)
+    waited_for_quiet_s: float = 0.0
 
     @property
     def num_tied(self) -> int:
@@ -136,6 +139,7 @@ def summarize(
     noise: float | None = None,
     noise_measured: bool = False,
     cost_model: CostModel | None = None,
+    waited_for_quiet_s: float = 0.0,
 ) -> TuningSummary:
     """The summary of what ``ledger`` holds, searched over ``space`` under ``tuning``;
     ``not_run``: what was considered and not run, each with the reason."""
@@ -180,6 +184,7 @@ def summarize(
         cost_model=cost_model.to_dict() if cost_model is not None else None,
         num_infrastructure_retries=sum(r.infrastructure_retries for r in ledger.results.values()),
         not_run_counts=not_run_counts(not_run, ledger, space),
+        waited_for_quiet_s=waited_for_quiet_s,
     )
 
 

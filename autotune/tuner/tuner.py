@@ -54,7 +54,12 @@ from autotune.tuner.ledger import TrialState as LedgerState
 from autotune.tuner.probe import SizeSearch, failed_sizes_bound
 from autotune.tuner.ranking import TOLERANCE
 from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
-from autotune.tuner.remeasure import Remeasurement
+from autotune.tuner.remeasure import (
+    ARRIVED_WAIT_SHARE,
+    MIN_QUIET_WAIT_S,
+    QUIET_WAIT_SHARE,
+    Remeasurement,
+)
 from autotune.tuner.search import (
     ModelBasedSearch,
     PhasedSearch,
@@ -108,6 +113,9 @@ class Tuner:
             fitted cost model as the prior, their answers measured first.
         sampler: an Optuna sampler to search with instead of the tuner type's (any
             ``optuna.samplers.BaseSampler``: TPE, GP, CMA-ES, ...).
+        busy_before_start: whether other processes held the node's cores before the first
+            experiment (None: not known). A neighbour that came during the run is waited for
+            longer (see :attr:`quiet_wait_s`).
 
     Raises:
         ConfigError: if the batch limits leave no micro-batch size.
@@ -145,8 +153,10 @@ class Tuner:
         ranks_per_node: int | None = None,
         warm_start: WarmStart | None = None,
         sampler: optuna.samplers.BaseSampler | None = None,
+        busy_before_start: bool | None = None,
     ) -> None:
         self._config = config
+        self._busy_before_start = busy_before_start
         self._tuning = tuning = config.autotuning
         if device_memory_bytes is None:
             device_memory_bytes = config.device_memory_bytes
@@ -190,6 +200,9 @@ class Tuner:
         self._phases = (*self._search.phases, Phase.remeasure, Phase.done)
         self._phase = self._phases[0]
         self._params: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # by configuration
+        self._quiet_wait_s: float | None = None  # asked of the caller now (quiet_wait_s)
+        self._waited_s = 0.0  # for a quiet machine, all waits together
+        self._stayed_busy = False  # a wait ended with the machine still busy
         self._replay(self._trials.study)
 
     # --- the interface ------------------------------------------------------------------------
@@ -225,7 +238,7 @@ class Tuner:
         while self._phase is not Phase.done:
             name = self._next_name()
             if name is None:
-                if self._ledger.pending:
+                if self._ledger.pending or self._quiet_wait_s is not None:
                     return None
                 self._advance()
                 continue
@@ -255,6 +268,25 @@ class Tuner:
         params, dists = self._trial_params(result.name)
         number = self._trials.add(result, params, dists, {PHASE_ATTR: self._phase.value})
         self._learn(result, number)
+
+    @property
+    def quiet_wait_s(self) -> float | None:
+        """After ``ask`` returned None with nothing in flight: the seconds to wait at most
+        for the machine to quiet down, then say how it went (:meth:`machine_quiet`) and ask
+        again; None: the run is done. Asked for where a machine busy throughout measured
+        what would otherwise be measured again (see :mod:`autotune.tuner.remeasure`)."""
+        return self._quiet_wait_s
+
+    def machine_quiet(self, quiet: bool, waited_s: float) -> None:
+        """How the wait :attr:`quiet_wait_s` asked for went: the machine was seen quiet
+        after ``waited_s`` (what the busy machine decided is measured again), or it stayed
+        busy (the answer stands on what was measured; no more waiting)."""
+        self._quiet_wait_s = None
+        self._waited_s += waited_s
+        if quiet:
+            self._remeasure.quiet_seen()
+        else:
+            self._stayed_busy = True
 
     def learn_model(self, model_info: ModelInfo) -> None:
         """Learn the model's size mid-run (a script's, measured by its first experiment).
@@ -287,6 +319,7 @@ class Tuner:
             noise=self._remeasure.noise(),
             noise_measured=self._remeasure.noise_measured(),
             cost_model=self.cost_model(),
+            waited_for_quiet_s=self._waited_s,
         )
 
     def cost_model(self) -> CostModel | None:
@@ -427,12 +460,28 @@ class Tuner:
                 self._stopping.ended(cap)
             return None
         name = self._remeasure.next(self._ledger.is_undecided)
-        if name is None or self._fits_time_budget(name):
+        if name is None:
+            self._quiet_wait_s = self._quiet_wait()
+            return None
+        if self._fits_time_budget(name):
             return name
         stop = self._stopping.time(StopKind.time_budget)
         self._stopping.ended(stop)
         self._ledger.leave_unreached(name, NotRunReason(NotRunKind.time_budget, stop=stop))
         return None
+
+    def _quiet_wait(self) -> float | None:
+        """How long to wait for a quiet machine before declaring what a busy one measured
+        (a share of the run so far, larger where the node was quiet before the run began:
+        see :data:`~autotune.tuner.remeasure.QUIET_WAIT_SHARE`; within the time budget), or
+        None: nothing to wait for."""
+        if self._stayed_busy or not self._remeasure.waits_for_quiet():
+            return None
+        share = QUIET_WAIT_SHARE if self._busy_before_start is not False else ARRIVED_WAIT_SHARE
+        seconds = share * self._budget.elapsed_s - self._waited_s
+        if self._budget.seconds is not None:
+            seconds = min(seconds, self._budget.seconds - self._budget.elapsed_s)
+        return seconds if seconds >= MIN_QUIET_WAIT_S else None
 
     # --- the time budget ----------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from autotune.profiling.interference import (
     is_disturbed,
     oversubscription,
     sample_cpu,
+    wait_for_quiet,
 )
 
 pytestmark = pytest.mark.skipif(sample_cpu() is None, reason="no /proc/stat")
@@ -99,3 +100,22 @@ def test_the_ranks_own_children_are_their_work_not_a_neighbours() -> None:
     busy = oversubscribed(window)
     as_neighbour = oversubscribed(window, own_s=window.own_s - child_s)
     assert as_neighbour - busy >= child_s / window.window_s / window.node_cores - SLACK_S
+
+
+def test_waiting_for_quiet_gives_up_while_neighbours_hold_the_cores() -> None:
+    # Two detached neighbours burning a core each for longer than the wait: the node stays
+    # too busy for ranks that need every core (at any other load too).
+    # Detached, as in the first test: not this process's descendants.
+    burn = f"{sys.executable} -c '{BURN.format(seconds=5)}' >/dev/null 2>&1 &"
+    subprocess.run(["sh", "-c", f"{burn} {burn}"], check=True)
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert not wait_for_quiet(1.5, os.cpu_count() or 1, interval_s=0.5)
+    assert 1.4 <= time.monotonic() - started < 4.5
+    time.sleep(max(0.0, started + 5.0 - time.monotonic()))  # their end, before anything else
+
+
+def test_waiting_for_quiet_on_a_machine_it_cannot_read_does_not_wait() -> None:
+    slept: list[float] = []
+    assert not wait_for_quiet(10, 2, sample=lambda: None, sleep=slept.append)
+    assert slept == []

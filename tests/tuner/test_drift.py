@@ -23,7 +23,7 @@ from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.summary_text import notes
 from autotune.tuner import Candidate, Tuner
 from autotune.tuner.ranking import TOLERANCE
-from autotune.tuner.remeasure import MAX_MEASUREMENTS
+from autotune.tuner.remeasure import ARRIVED_WAIT_SHARE, MAX_MEASUREMENTS, QUIET_WAIT_SHARE
 from tests.tuner.landscape import MODEL
 
 STAGE_SPEED = {0: 100.0, 1: 120.0, 2: 110.0, 3: 90.0}  # samples/s at a large micro-batch
@@ -65,7 +65,27 @@ class DriftingMachine:
         )
 
 
-def tune(tuner_type: str, machine: DriftingMachine) -> tuple[Tuner, int]:
+class Clock:
+    """Seconds that pass only when an experiment runs or the run waits (the test moves it)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tune(
+    tuner_type: str,
+    machine: DriftingMachine,
+    *,
+    clock: Clock | None = None,
+    quiet_after_wait: bool | None = None,
+    busy_before_start: bool | None = None,
+) -> tuple[Tuner, int]:
+    """Runs the tuner to its end on ``machine``. With a ``clock``, each experiment takes 10 s
+    and the run's waits for a quiet machine are answered: the neighbour leaves during the
+    wait (``quiet_after_wait``) or stays, and the wait takes what it asked for."""
     config = load_config(
         {
             "zero_optimization": {"stage": "all"},
@@ -78,13 +98,27 @@ def tune(tuner_type: str, machine: DriftingMachine) -> tuple[Tuner, int]:
         },
         world_size=2,
     )
-    tuner = Tuner(config, MODEL, device_memory_bytes=None)
+    kwargs = {"clock": clock, "started": 0.0} if clock is not None else {}
+    tuner = Tuner(
+        config, MODEL, device_memory_bytes=None, busy_before_start=busy_before_start, **kwargs
+    )
     asked = 0
-    while (candidate := tuner.ask()) is not None:
-        tuner.tell(machine.run(candidate))
-        asked += 1
-        assert asked < 200
-    return tuner, asked
+    while True:
+        while (candidate := tuner.ask()) is not None:
+            tuner.tell(machine.run(candidate))
+            asked += 1
+            assert asked < 200
+            if clock is not None:
+                clock.now += 10.0
+        wait_s = tuner.quiet_wait_s
+        if wait_s is None:
+            return tuner, asked
+        assert clock is not None and quiet_after_wait is not None
+        waited = wait_s / 2 if quiet_after_wait else wait_s
+        if quiet_after_wait:
+            machine.busy_until = machine.count  # the neighbour left
+        clock.now += waited
+        tuner.machine_quiet(quiet_after_wait, waited)
 
 
 def assert_as_on_a_quiet_machine(tuner: Tuner) -> None:
@@ -157,3 +191,43 @@ def test_competition_that_never_ends_is_measured_a_bounded_number_of_times(
         == busy_count - summary.num_failed
     )
     assert summary.disturbed_only
+
+
+def test_a_neighbour_that_leaves_while_the_run_waits_does_not_decide_the_ranking(
+    tuner_type: str,
+) -> None:
+    # Busy from the first experiment to the end of the search: a machine busy throughout as
+    # far as the run can tell. Waiting for it to quiet down finds it quiet, and what the
+    # neighbour decided is measured again.
+    for seed in range(3):
+        clock = Clock()
+        machine = DriftingMachine(0, 10_000, seen=True, seed=seed)
+        tuner, _ = tune(tuner_type, machine, clock=clock, quiet_after_wait=True)
+        assert tuner.finished
+        assert_as_on_a_quiet_machine(tuner)
+        summary = tuner.summary()
+        assert 0 < summary.waited_for_quiet_s <= QUIET_WAIT_SHARE * clock.now
+        assert "once it was quiet (after waiting" in " ".join(notes(summary))
+
+
+@pytest.mark.parametrize(
+    ("busy_before_start", "share"),
+    [(True, QUIET_WAIT_SHARE), (None, QUIET_WAIT_SHARE), (False, ARRIVED_WAIT_SHARE)],
+)
+def test_a_neighbour_that_stays_costs_the_wait_and_no_measurement(
+    tuner_type: str, busy_before_start: bool | None, share: float
+) -> None:
+    # A neighbour already there when the run began (or not known) is waited for a fifth of
+    # the run; one that came during the run, which is more likely passing, half.
+    stays, stays_count = tune(
+        tuner_type,
+        DriftingMachine(0, 10_000, seen=True),
+        clock=Clock(),
+        quiet_after_wait=False,
+        busy_before_start=busy_before_start,
+    )
+    _, count = tune(tuner_type, DriftingMachine(0, 10_000, seen=True))  # no clock: no wait
+    assert stays.finished and stays_count == count
+    summary = stays.summary()
+    assert summary.waited_for_quiet_s == pytest.approx(share * 10.0 * count)
+    assert f"stayed busy the {summary.waited_for_quiet_s:.0f} s waited" in " ".join(notes(summary))
