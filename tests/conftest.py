@@ -1,11 +1,32 @@
 """The one small local Ray cluster every Ray test shares (started once: ``ray.init`` takes
-seconds and most of a GiB)."""
+seconds and most of a GiB), and Ctrl-C as a user's shell delivers it, in every test."""
 
 from __future__ import annotations
 
+import signal
+import threading
+import warnings
 from collections.abc import Iterator
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_as_a_shell_delivers_it(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts with Ctrl-C raising KeyboardInterrupt, and one that leaves it changed
+    is named and undone: the process's handling of SIGINT is shared by every later test in
+    it, and by every process they start (one started with SIGINT ignored never sees Ctrl-C).
+    A library run in this process may change it (Lightning's Trainer ignores SIGINT once
+    interrupted, for its shutdown)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    left = signal.getsignal(signal.SIGINT)
+    if left is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.warn(f"{request.node.nodeid} left SIGINT handled by {left!r}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
