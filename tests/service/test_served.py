@@ -112,7 +112,12 @@ def test_a_running_job_is_cancelled_as_ctrl_c_stops_a_run(service: Served) -> No
     answer = service.submit(job)
     service.wait(answer["id"], until=lambda view: view["experiments"] >= 1)
     status, view = service.call("DELETE", f"/api/jobs/{answer['id']}")
-    assert status == 200 and view["status"] == "running" and view["cancel_requested"]
+    # Stopping is under way, or already over where the job's process ended at once (between
+    # experiments, Ctrl-C has nothing to wait for) before the answer was read back.
+    assert status == 200
+    assert (view["status"] == "running" and view["cancel_requested"]) or view["status"] == (
+        "cancelled"
+    )
     ended = service.wait(answer["id"])
     assert ended["status"] == "cancelled" and ended["best"] is None
     assert 1 <= ended["experiments"] < 6  # it stopped; what finished is kept in its study
