@@ -197,7 +197,7 @@ def wait_for_quiet(
         return False
     waited = 0.0
     while waited < timeout_s:
-        sleep(interval_s)
+        sleep(min(interval_s, timeout_s - waited))  # not past the time it said it would wait
         now = sample()
         others = others_cores(last, now) if now is not None else None
         if now is None or others is None:

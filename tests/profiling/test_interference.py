@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from autotune.profiling.interference import (
+    CpuSample,
     WindowCpu,
     is_disturbed,
     oversubscription,
@@ -119,3 +120,16 @@ def test_waiting_for_quiet_on_a_machine_it_cannot_read_does_not_wait() -> None:
     slept: list[float] = []
     assert not wait_for_quiet(10, 2, sample=lambda: None, sleep=slept.append)
     assert slept == []
+
+
+def test_waiting_for_quiet_waits_no_longer_than_it_said() -> None:
+    clock = [0.0]
+
+    def sample() -> CpuSample:  # every core busy with others' work, all along
+        return CpuSample(clock[0] * 2, 0.0, 2, clock[0])
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    assert not wait_for_quiet(2.5, 2, sample=sample, sleep=sleep)
+    assert clock[0] == pytest.approx(2.5)
