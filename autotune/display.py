@@ -21,7 +21,7 @@ from autotune.tuning import EventKind
 if TYPE_CHECKING:
     from autotune.planning import Plan
     from autotune.tuner import TuningSummary
-    from autotune.tuner.reasons import NotRunReason
+    from autotune.tuner.reasons import NotRunReason, Unrun
     from autotune.tuning import TuningEvent, TuningReport
 
 # What the run is doing while experiments of a phase run, for a person.
@@ -170,12 +170,12 @@ NAMES_PER_REASON = 6
 def not_run_lines(summary: TuningSummary) -> list[str]:
     """``not run: N configurations``, then one line per reason (its kind and details, not its
     words): how many configurations, why, and which (a whole variant by its label)."""
-    by_reason: dict[NotRunReason, list[str]] = {}
-    for name, why in summary.not_run.items():
-        by_reason.setdefault(why, []).append(name)
+    by_reason: dict[NotRunReason, list[Unrun]] = {}
+    for unrun, why in summary.not_run.items():
+        by_reason.setdefault(why, []).append(unrun)
     counts = summary.not_run_counts
 
-    def configurations(names: list[str]) -> int:
+    def configurations(names: list[Unrun]) -> int:
         return sum(counts.get(name, 1) for name in names)
 
     lines = [f"not run: {counted(summary.num_not_run, 'configuration')}"]

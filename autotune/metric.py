@@ -79,6 +79,20 @@ class Metric(str, enum.Enum):
         """``value`` oriented so that higher is better (latency is negated)."""
         return -value if self.lower_is_better else value
 
+    def step_time_s(self, value: float, train_batch_size: int, flops_per_step: float) -> float:
+        """The seconds an optimizer step takes where this metric reads ``value``: a global
+        batch of ``train_batch_size`` samples, ``flops_per_step`` FLOPs a rank.
+
+        Example:
+            >>> Metric.throughput.step_time_s(32.0, 16, 0.0)
+            0.5
+        """
+        if self is Metric.latency:
+            return value
+        if self is Metric.throughput:
+            return train_batch_size / value
+        return flops_per_step / value
+
     def best(self, values: Iterable[float]) -> float:
         """The best of ``values``: the smallest latency, the largest throughput or FLOPS."""
         return min(values) if self.lower_is_better else max(values)

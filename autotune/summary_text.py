@@ -9,8 +9,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from autotune.runner.measuring_engine import measuring_engine
-from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
-from autotune.tuner.space import Variant
+from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason, Unrun, UnrunKind
 from autotune.tuner.summary import AtCap
 
 if TYPE_CHECKING:
@@ -129,7 +128,7 @@ def not_run_text(reason: NotRunReason) -> str:
 
 def not_run_texts(summary: TuningSummary) -> dict[str, str]:
     """Everything not run, each with why in words (``summary.json``'s ``pruned``)."""
-    return {name: not_run_text(why) for name, why in summary.not_run.items()}
+    return {not_run_key(unrun): not_run_text(why) for unrun, why in summary.not_run.items()}
 
 
 def stopped_line(summary: TuningSummary) -> str:
@@ -171,35 +170,43 @@ def summary_json(
     }
 
 
-# A whole ZeRO variant among the configurations not run is named by its label (``z3``,
-# ``z3_ocpu``): every one it could have had.
-_VARIANT_LABELS = {Variant(stage, offload).label for stage in range(4) for offload in (False, True)}
+def not_run_key(unrun: Unrun) -> str:
+    """What did not run, named: a configuration or a variant by its name or label, a range
+    of micro-batches, a count of a variant's configurations (``summary.json``'s keys).
+
+    Example:
+        >>> not_run_key(Unrun(UnrunKind.sizes_above, "z1", 64))
+        'z1 micro-batch > 64'
+        >>> not_run_key(Unrun(UnrunKind.unmeasured, "z2", count=12))
+        'z2: 12 configurations'
+    """
+    if unrun.kind is UnrunKind.sizes_above:
+        return f"{unrun.name} micro-batch > {unrun.size}"
+    if unrun.kind is UnrunKind.sizes_from:
+        return f"micro-batch >= {unrun.size}"
+    if unrun.kind is UnrunKind.unmeasured:
+        return f"{unrun.name}: {counted(unrun.count, 'configuration')}"
+    return unrun.name
 
 
-def not_run_label(name: str, count: int | None = None) -> str:
+def not_run_label(unrun: Unrun, count: int | None = None) -> str:
     """How something not run is listed: a configuration by its name; a whole ZeRO variant
     by its label saying so (a bare ``z3`` reads as a configuration) and, with ``count``, how
     many micro-batch sizes that is; a range by its name and how many configurations.
 
     Example:
-        >>> not_run_label("z3"), not_run_label("z3", 31), not_run_label("z3_mbs4", 1)
-        ('z3 (every micro-batch)', 'z3 (31 micro-batch sizes)', 'z3_mbs4')
-        >>> not_run_label("micro-batch >= 16", 34)
+        >>> not_run_label(Unrun.variant("z3")), not_run_label(Unrun.variant("z3"), 31)
+        ('z3 (every micro-batch)', 'z3 (31 micro-batch sizes)')
+        >>> not_run_label(Unrun(UnrunKind.sizes_from, size=16), 34)
         'micro-batch >= 16 (34 configurations)'
     """
-    if name in _VARIANT_LABELS:
-        return (
-            f"{name} (every micro-batch)"
-            if count is None
-            else f"{name} ({counted(count, 'micro-batch size')})"
-        )
-    if count is None or _NAMED_COUNT.fullmatch(name) or (count == 1 and " " not in name):
-        return name
-    return f"{name} ({counted(count, 'configuration')})"
-
-
-# model_based's entry for the configurations of a variant it never measured names the count.
-_NAMED_COUNT = re.compile(r"\S+: \d+ configurations")
+    key = not_run_key(unrun)
+    if unrun.kind is UnrunKind.variant:
+        sizes = "every micro-batch" if count is None else counted(count, "micro-batch size")
+        return f"{key} ({sizes})"
+    if count is None or unrun.kind in (UnrunKind.configuration, UnrunKind.unmeasured):
+        return key
+    return f"{key} ({counted(count, 'configuration')})"
 
 
 def not_run_lines_in_full(summary: TuningSummary) -> list[str]:
@@ -208,8 +215,8 @@ def not_run_lines_in_full(summary: TuningSummary) -> list[str]:
     return [
         f"not run: {counted(summary.num_not_run, 'configuration')}",
         *(
-            f"  {not_run_label(name, counts.get(name))}: {not_run_text(why)}"
-            for name, why in summary.not_run.items()
+            f"  {not_run_label(unrun, counts.get(unrun))}: {not_run_text(why)}"
+            for unrun, why in summary.not_run.items()
         ),
     ]
 

@@ -163,10 +163,11 @@ def tune(
             )
 
         def learn(result: ExperimentResult) -> None:
+            # A script's model is measured by its first experiment: the FLOPs each later
+            # experiment counts (the tuner reads the model's size from the study itself).
             nonlocal info
-            if info is None and (info := measured_model_info([result], job.world_size)):
-                # Memory pruning needs the model's size; the experiments in flight go on.
-                tuner.learn_model(info)
+            if info is None:
+                info = measured_model_info([result], job.world_size)
 
         run_now = _run_to_the_end(
             tuner, results, _Slots(runner, job, max_concurrent), make_spec, learn, notify

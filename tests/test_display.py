@@ -15,7 +15,7 @@ from autotune.display import Progress, not_run_lines, print_report
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
 from autotune.tuner import TuningSummary
 from autotune.tuner.candidate import Phase
-from autotune.tuner.reasons import NotRunKind, NotRunReason
+from autotune.tuner.reasons import NotRunKind, NotRunReason, Unrun
 from autotune.tuning import EventKind, TuningEvent, tune
 from tests.fake_cluster import FakeCluster
 from tests.runner.sim_cluster import config_metrics, tuning_job
@@ -91,9 +91,11 @@ def test_a_zero_variant_not_run_is_named_as_the_whole_variant() -> None:
         num_run=0,
         num_failed=0,
         not_run={
-            "z3": NotRunReason(NotRunKind.search_ended),
-            "z3_mbs4": NotRunReason(NotRunKind.search_ended),
-            "z2_ocpu": NotRunReason(NotRunKind.variant_rule, ("pruned by the memory estimate",)),
+            Unrun.variant("z3"): NotRunReason(NotRunKind.search_ended),
+            Unrun.configuration("z3_mbs4"): NotRunReason(NotRunKind.search_ended),
+            Unrun.variant("z2_ocpu"): NotRunReason(
+                NotRunKind.variant_rule, ("pruned by the memory estimate",)
+            ),
         },
     )
     assert not_run_lines(summary) == [
@@ -103,7 +105,8 @@ def test_a_zero_variant_not_run_is_named_as_the_whole_variant() -> None:
         "  1 pruned by the memory estimate: z2_ocpu (every micro-batch)",
     ]
     # Counted, a whole variant is as many configurations as it has micro-batch sizes.
-    counted = replace(summary, not_run_counts={"z3": 31, "z3_mbs4": 1, "z2_ocpu": 32})
+    counts = {Unrun.variant("z3"): 31, Unrun.configuration("z3_mbs4"): 1}
+    counted = replace(summary, not_run_counts={**counts, Unrun.variant("z2_ocpu"): 32})
     assert not_run_lines(counted) == [
         "not run: 64 configurations",
         "  32 not reached: the search ended first (search complete): z3 (31 micro-batch "

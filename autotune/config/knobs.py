@@ -162,5 +162,7 @@ def name_position(key: str) -> int:
         >>> name_position("zero_optimization.stage"), name_position("fp16.enabled")
         (0, 17)
     """
-    knob = KNOB_BY_KEY.get(key)
-    return KNOBS.index(knob) if knob is not None else len(KNOBS)
+    return _POSITIONS.get(key, len(KNOBS))
+
+
+_POSITIONS = {knob.key: position for position, knob in enumerate(KNOBS)}

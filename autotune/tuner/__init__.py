@@ -1,9 +1,13 @@
-"""The tuner: what to run next and when to stop, as pure logic behind ask/tell.
+"""The tuner: what to run next and when to stop, decided from the run's Optuna study.
 
-It starts no processes: a driver asks for a :class:`Candidate`, runs it, and tells the
-:class:`~autotune.experiment.ExperimentResult`. See :class:`Tuner` for the loop.
+The searches are Optuna samplers (:mod:`autotune.tuner.samplers`, public as
+:mod:`autotune.samplers`) over a :class:`~autotune.tuner.search_space.SearchSpace`;
+:class:`Tuner` drives them with ask and tell, adding re-measurement, the trial cap and the
+time budget. It starts no processes: a driver asks for a :class:`Candidate`, runs it, and
+tells the :class:`~autotune.experiment.ExperimentResult`.
 """
 
+from autotune.tuner.candidate import Candidate, Phase
 from autotune.tuner.memory import MemoryEstimate, estimate_memory
 from autotune.tuner.naming import candidate_name, repeat_name
 from autotune.tuner.point_order import (
@@ -17,7 +21,7 @@ from autotune.tuner.point_order import (
 from autotune.tuner.ranking import Ranked, rank, score, within_noise
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan, build_space
 from autotune.tuner.summary import TuningSummary
-from autotune.tuner.tuner import Candidate, Phase, Tuner
+from autotune.tuner.tuner import Tuner
 
 __all__ = [
     "Candidate",

@@ -14,27 +14,28 @@ import itertools
 from typing import Any
 
 from autotune.experiment import Status
-from autotune.tuner.ledger import Ledger
-from autotune.tuner.reasons import NotRunKind, NotRunReason
+from autotune.tuner.history import History
+from autotune.tuner.reasons import NotRunKind, NotRunReason, Unrun, UnrunKind
 from autotune.tuner.space import Variant
 
 
 class Bounds:
-    """The bounds failures set on the space, from the results in ``ledger``; :meth:`note`
-    each configuration once it has both an entry and a result."""
+    """The bounds failures set on the space, from the results in ``history``."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, history: History) -> None:
+        self._history = history
         # Per variant and knobs, the run at the smallest micro-batch that ran out of memory.
         self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
         # Micro-batch → the first run at it whose script ran out of data, and the sizes that
         # ran ok in any variant: together the bound on every variant (see data_ceiling).
         self._out_of_data: dict[int, str] = {}
         self._ok_sizes: set[int] = set()
+        for name in history.order:
+            self._note(name)
 
-    def note(self, name: str) -> None:
-        """Learn from ``name``'s result, if the tuner knows both its configuration and it."""
-        entry, result = self._ledger.entries.get(name), self._ledger.results.get(name)
+    def _note(self, name: str) -> None:
+        """Learn from ``name``'s result (a configuration's first measurement)."""
+        entry, result = self._history.entries.get(name), self._history.results.get(name)
         if entry is None or result is None:
             return
         if result.status is Status.oom:
@@ -49,7 +50,7 @@ class Bounds:
 
     def oom_pruner(self, name: str) -> str | None:
         """The experiment that ran out of memory at a micro-batch no larger than ``name``'s."""
-        entry = self._ledger.entries.get(name)
+        entry = self._history.entries.get(name)
         if entry is None:
             return None
         floor = self._oom_floor.get((entry.variant, entry.knobs))
@@ -77,33 +78,37 @@ class Bounds:
 
     def data_pruner(self, name: str) -> str | None:
         """The run that ran out of data at a micro-batch no larger than ``name``'s."""
-        entry, ceiling = self._ledger.entries.get(name), self.data_ceiling()
+        entry, ceiling = self._history.entries.get(name), self.data_ceiling()
         if entry is None or ceiling is None:
             return None
         return ceiling if entry.micro_batch_size >= self._size(ceiling) else None
 
-    def pruned(self) -> dict[str, NotRunReason]:
+    def pruned(self) -> dict[Unrun, NotRunReason]:
         """Why each configuration considered and not run that a bound prunes is pruned: the
         data bound (once for all variants, then each configuration), then an ``oom`` below."""
         return {**self._pruned_by_data(), **self._pruned_by_oom()}
 
-    def _pruned_by_oom(self) -> dict[str, NotRunReason]:
+    def _pruned_by_oom(self) -> dict[Unrun, NotRunReason]:
         return {
-            name: NotRunReason(NotRunKind.oom_below, (floor,))
-            for name in self._ledger.entries
-            if name not in self._ledger.results and (floor := self.oom_pruner(name)) is not None
+            Unrun.configuration(name): NotRunReason(NotRunKind.oom_below, (floor,))
+            for name in self._history.entries
+            if name not in self._history.results and (floor := self.oom_pruner(name)) is not None
         }
 
-    def _pruned_by_data(self) -> dict[str, NotRunReason]:
+    def _pruned_by_data(self) -> dict[Unrun, NotRunReason]:
         ceiling = self.data_ceiling()
         if ceiling is None:
             return {}
         size = self._size(ceiling)
-        pruned = {f"micro-batch >= {size}": NotRunReason(NotRunKind.out_of_data, (size, ceiling))}
+        pruned = {
+            Unrun(UnrunKind.sizes_from, size=size): NotRunReason(
+                NotRunKind.out_of_data, (size, ceiling)
+            )
+        }
         pruned.update(
-            (name, NotRunReason(NotRunKind.data_bound, (size, ceiling)))
-            for name in self._ledger.entries
-            if name not in self._ledger.results and self.data_pruner(name) is not None
+            (Unrun.configuration(name), NotRunReason(NotRunKind.data_bound, (size, ceiling)))
+            for name in self._history.entries
+            if name not in self._history.results and self.data_pruner(name) is not None
         )
         return pruned
 
@@ -117,8 +122,8 @@ class Bounds:
         """
         ended = sorted(
             (r.ended_after_steps, self._size(n))
-            for n, r in self._ledger.results.items()
-            if r.ended_after_steps is not None and n in self._ledger.entries
+            for n, r in self._history.results.items()
+            if r.ended_after_steps is not None and n in self._history.entries
         )
         for (steps, small), (same, large) in itertools.pairwise(ended):
             if steps == same and large * steps >= small * (steps + 1):
@@ -126,4 +131,4 @@ class Bounds:
         return None
 
     def _size(self, name: str) -> int:
-        return self._ledger.entries[name].micro_batch_size
+        return self._history.entries[name].micro_batch_size

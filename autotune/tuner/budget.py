@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from autotune.experiment import ExperimentResult, Timings, wall_time_s
-from autotune.tuner.ledger import Ledger
+from autotune.experiment import Timings, wall_time_s
+from autotune.tuner.history import History
 
 
 def predicted_duration_s(
@@ -47,16 +48,16 @@ def predicted_duration_s(
     return overhead_s + (nearest.warmup_s + nearest.window_s) * micro_batch / size
 
 
-def predicted_duration_of(ledger: Ledger, name: str) -> float | None:
+def predicted_duration_of(history: History, name: str) -> float | None:
     """How long experiment ``name`` should take (see :func:`predicted_duration_s`): from its
     configuration's own earlier measurements where it has some (a re-measurement), else from
     every configuration's that ran ok."""
-    base = ledger.config_of(name)
-    micro_batch = ledger.entries[base].micro_batch_size
+    base = history.config_of(name)
+    micro_batch = history.entries[base].micro_batch_size
     finished = []
-    for result_name, result in ledger.results.items():
-        config = ledger.config_of(result_name)
-        entry = ledger.entries.get(config)
+    for result_name, result in history.results.items():
+        config = history.config_of(result_name)
+        entry = history.entries.get(config)
         if result.ok and entry is not None:
             own = config == base
             finished.append((own, entry.micro_batch_size, result.timings))
@@ -67,36 +68,50 @@ def predicted_duration_of(ledger: Ledger, name: str) -> float | None:
     )
 
 
+@dataclass
+class RunClock:
+    """This process's clock for a run: where ``time_budget_s`` counts from, when the first
+    experiment went out (the run's start-up ends there), and what an earlier process ran
+    (a resumed run's results: their wall time was spent too).
+
+    Attributes:
+        clock: seconds, monotonic.
+        started: the ``clock`` reading the budget counts from.
+        first_asked: when this process handed out its first experiment (None: not yet).
+        replayed: the experiments an earlier process ran.
+    """
+
+    clock: Callable[[], float]
+    started: float
+    first_asked: float | None = None
+    replayed: frozenset[str] = frozenset()
+
+    def asked(self) -> None:
+        if self.first_asked is None:
+            self.first_asked = self.clock()
+
+
 class TimeBudget:
     """``time_budget_s`` against the clock: what the run has spent, and whether an experiment
     fits in what is left.
 
     Args:
-        ledger: what the tuner has seen (the finished experiments predict the next).
+        history: what the study says of the run (the finished experiments predict the next).
         seconds: the budget; None: no limit.
-        clock: seconds, monotonic.
-        started: the ``clock`` reading the budget counts from (None: now).
+        clock: this process's clock for the run.
     """
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        seconds: float | None,
-        clock: Callable[[], float],
-        started: float | None,
-    ) -> None:
-        self._ledger = ledger
+    def __init__(self, history: History, seconds: float | None, clock: RunClock) -> None:
+        self._history = history
         self._seconds = seconds
         self._clock = clock
-        self._started = clock() if started is None else started
-        self._first_asked: float | None = None  # when the first candidate went out
-        self._replayed: list[ExperimentResult] = []
+        self._replayed = [history.results[n] for n in clock.replayed if n in history.results]
 
     @property
     def elapsed_s(self) -> float:
         """Tuning time: this process's, plus the wall time replayed results took (their
         overlapping intervals counted once)."""
-        return self._clock() - self._started + wall_time_s(self._replayed)
+        return self._clock.clock() - self._clock.started + wall_time_s(self._replayed)
 
     @property
     def spent(self) -> bool:
@@ -107,29 +122,21 @@ class TimeBudget:
         """``time_budget_s`` (None: no budget)."""
         return self._seconds
 
-    def asked(self) -> None:
-        """A candidate went out: the first marks the end of the run's start-up."""
-        if self._first_asked is None:
-            self._first_asked = self._clock()
-
-    def replayed(self, result: ExperimentResult) -> None:
-        """A result from an earlier run: its wall time was spent too."""
-        self._replayed.append(result)
-
     def fits(self, name: str, keep_for: str | None) -> bool:
         """Whether ``name`` is expected to end within the budget with time left to end the
         run, and for one re-measurement of ``keep_for`` (the best so far, while the search
         goes on; None: nothing kept). True when nothing can be predicted yet."""
         if self._seconds is None:
             return True
-        needed = predicted_duration_of(self._ledger, name)
+        needed = predicted_duration_of(self._history, name)
         if needed is None:
             return True
         # The run's own start-up (its cluster, before the first experiment) is kept for its
         # end, which stops what it started: an upper bound (a local Ray cluster here took
         # 3.4 s to start and 1.4 s to shut down).
-        first_asked = self._clock() if self._first_asked is None else self._first_asked
-        needed += first_asked - self._started
+        clock = self._clock
+        first_asked = clock.clock() if clock.first_asked is None else clock.first_asked
+        needed += first_asked - clock.started
         if keep_for is not None:
-            needed += predicted_duration_of(self._ledger, keep_for) or 0.0
+            needed += predicted_duration_of(self._history, keep_for) or 0.0
         return self.elapsed_s + needed <= self._seconds

@@ -1,13 +1,18 @@
-"""What the tuner hands a driver: a :class:`Candidate` to run, proposed in a :class:`Phase`."""
+"""What a search hands the driver (a :class:`Decision`), and what the driver hands a runner:
+a :class:`Candidate` to run, proposed in a :class:`Phase`."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config.knobs import MICRO_BATCH_KEY, STAGE_KEY
+
+if TYPE_CHECKING:
+    from autotune.tuner.history import Entry
+    from autotune.tuner.reasons import StopReason
 
 
 class Phase(str, enum.Enum):
@@ -67,3 +72,36 @@ class Candidate:
     @property
     def micro_batch_size(self) -> int:
         return int(self.overrides[MICRO_BATCH_KEY])
+
+
+class DecisionKind(str, enum.Enum):
+    propose = "propose"  # measure ``Decision.name`` next
+    ask = "ask"  # ask the study's own sampler (one the user passed) what to measure
+    wait = "wait"  # nothing until a result in flight is in
+    end = "end"  # the search is over (``Decision.stop``: why)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a search wants next.
+
+    Attributes:
+        kind: propose, ask, wait or end.
+        phase: the phase the walk reached.
+        name: the configuration to measure (propose).
+        entry: its configuration (propose).
+        stop: why the search ended (end).
+        confirm_leader: the search ended because nothing left could beat the leader as
+            measured: measuring it again may give it more to measure (``model_based``).
+    """
+
+    kind: DecisionKind
+    phase: Phase
+    name: str | None = None
+    entry: Entry | None = None
+    stop: StopReason | None = None
+    confirm_leader: bool = False
+
+    @classmethod
+    def propose(cls, entry: Entry, name: str, phase: Phase) -> Decision:
+        return cls(DecisionKind.propose, phase, name, entry)

@@ -1,69 +1,52 @@
-"""Every configuration the tuner may propose, by name: how a variant, micro-batch and knob
-values become a name and an entry in the ledger, and whether a name may still run."""
+"""Every configuration a search may propose, by name: how a variant, micro-batch and knob
+values become a name and an entry in the history (a cache within one decision), and whether
+a name may still run."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotune.config import ConfigError
 from autotune.tuner.bounds import Bounds
-from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.history import Entry, History
+from autotune.tuner.knob_grid import recommended_point
 from autotune.tuner.point_order import Point
-from autotune.tuner.reasons import NotRunKind, NotRunReason
-from autotune.tuner.space import TuningSpace, Variant, VariantPlan, recommended_point
+from autotune.tuner.space import TuningSpace, Variant, VariantPlan
+
+if TYPE_CHECKING:
+    from autotune.tuner.search_space import SearchSpace
 
 
 class Catalog:
-    """The names of the configurations in ``space`` (the one searched now, see
-    :meth:`use_space`), registered in ``ledger`` as they are first proposed or told.
+    """The names of the configurations of ``space`` (the variants searched now, with the
+    model's size where it is known), registered in ``history`` as a search considers them.
 
-    Attributes:
-        space: the space searched now.
-        size_names: the name of every micro-batch run at the config's own knobs, of any
-            variant of any space searched (with or without the model's size), → its variant
-            and size: a result told from history is known by it.
+    Args:
+        history: what the study says of the run.
+        bounds: what failures prune.
+        space: the variants searched now (``search.plan(history)``).
+        search: the search space (names, overrides, configs).
     """
 
-    def __init__(self, ledger: Ledger, bounds: Bounds, space: TuningSpace) -> None:
-        self._ledger = ledger
+    def __init__(
+        self, history: History, bounds: Bounds, space: TuningSpace, search: SearchSpace
+    ) -> None:
+        self._history = history
         self._bounds = bounds
         self.space = space
-        self.size_names: dict[str, tuple[Variant, int]] = {}
-        self.use_space(space)
-
-    def use_space(self, space: TuningSpace) -> None:
-        """Search ``space`` from now on; what it prunes stays pruned."""
-        self.space = space
-        for label, why in space.pruned.items():
-            self._ledger.rule_out_variant(label, NotRunReason(NotRunKind.variant_rule, (why,)))
-        self.add_size_names(space)
-
-    def add_size_names(self, space: TuningSpace) -> None:
-        """Know the micro-batch runs of ``space`` by name (named as the space searched now
-        names them); the sizes the user listed are registered, each accounted for."""
-        for plan in space.plans:
-            for size in plan.ladder:
-                self.size_names.setdefault(
-                    self.name_of(plan.variant, size, ()), (plan.variant, size)
-                )
-                if not plan.halving:
+        self.search = search
+        self._rejected: dict[str, str] = {}  # name → the config rule it breaks
+        for plan in space.plans:  # the sizes the user listed, each accounted for
+            if not plan.halving:
+                for size in plan.ladder:
                     self.register(plan.variant, size, ())
 
     def register(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
-        """The name of ``variant`` at micro-batch ``size`` with ``knobs``, in the ledger."""
-        name = self.name_of(variant, size, knobs)
-        if name not in self._ledger.entries:
-            overrides = self.space.overrides(variant, size, dict(knobs))
-            self._ledger.register(name, Entry(variant, size, knobs, overrides))
-            self._bounds.note(name)
+        """The name of ``variant`` at micro-batch ``size`` with ``knobs``, in the history."""
+        entry = self.search.entry_at(variant, size, knobs)
+        name = self.search.name_of(entry)
+        self._history.register(name, entry)
         return name
-
-    def register_size_run(self, name: str) -> bool:
-        """Register ``name`` if it names a micro-batch run of a space searched (one told from
-        history, or owed, may be of a space searched before the model's size was known);
-        whether the ledger knows it now."""
-        if name not in self._ledger.entries and name in self.size_names:
-            self.register(*self.size_names[name], ())
-        return name in self._ledger.entries
 
     def recommended(self, plan: VariantPlan) -> Point | None:
         """The knob point practice recommends for ``plan`` (see :func:`recommended_point`)."""
@@ -71,13 +54,32 @@ class Catalog:
         return None if values is None else Point(plan.variant.label, values)
 
     def is_open(self, name: str) -> bool:
-        """Free, and nothing prunes it."""
+        """Free, valid, and nothing prunes it."""
         return (
-            self._ledger.may_propose(name)
+            self._history.is_free(name)
+            and self.breaks_rule(name) is None
             and not self._bounds.oom_pruner(name)
             and not self._bounds.data_pruner(name)
         )
 
-    def name_of(self, variant: Variant, size: int, knobs: tuple[tuple[str, Any], ...]) -> str:
-        """The name of ``variant`` at micro-batch ``size`` with ``knobs``, not registered."""
-        return self.space.name(self.space.overrides(variant, size, dict(knobs)))
+    def breaks_rule(self, name: str) -> str | None:
+        """The config rule configuration ``name`` breaks (None: none; a name not registered
+        breaks none that is known)."""
+        if name not in self._rejected:
+            entry = self._history.entries.get(name)
+            if entry is None:
+                return None
+            try:
+                self.search.config_of(entry)
+                self._rejected[name] = ""
+            except ConfigError as err:
+                self._rejected[name] = str(err)
+        return self._rejected[name] or None
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        """The configurations considered that break a config rule, with the rule."""
+        return {name: why for name, why in self._rejected.items() if why}
+
+    def entry(self, name: str) -> Entry:
+        return self._history.entries[name]

@@ -8,13 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 from autotune.config import AutotuningConfig
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner.candidate import PHASES, Phase
-from autotune.tuner.ledger import Ledger
+from autotune.tuner.history import History
 from autotune.tuner.point_order import Point, Subspace, make_order
 from autotune.tuner.ranking import score
 
 
 class PhaseSearch:
-    """The point order of ``phase`` over ``subspaces``, told the results ``ledger`` already has
+    """The point order of ``phase`` over ``subspaces``, told the results ``history`` already has
     (a resumed run).
 
     Args:
@@ -22,7 +22,7 @@ class PhaseSearch:
         subspaces: what it searches, per variant.
         names: each point's configuration name.
         tuning: the ``autotuning`` section (tuner type, seed, metric).
-        ledger: what the tuner has seen.
+        history: what the tuner has seen.
     """
 
     def __init__(
@@ -31,7 +31,7 @@ class PhaseSearch:
         subspaces: Sequence[Subspace],
         names: Mapping[Point, str],
         tuning: AutotuningConfig,
-        ledger: Ledger,
+        history: History,
     ) -> None:
         self._metric = tuning.metric
         self._order = make_order(
@@ -41,8 +41,8 @@ class PhaseSearch:
         )
         self._names = dict(names)
         self.points = {name: point for point, name in names.items()}  # name → point
-        for name in ledger.order:
-            self.tell(ledger.results[name])
+        for name in history.order:
+            self.tell(history.results[name])
 
     def __contains__(self, name: object) -> bool:
         return name in self.points

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from autotune.config import AutotuningConfig, Metric, TunerType
-from autotune.tuner.ledger import Ledger
+from autotune.tuner.history import History
 from autotune.tuner.ranking import rank
 
 if TYPE_CHECKING:
@@ -106,20 +106,20 @@ def largest_micro_batch_stands(largest: float, best: float, metric: Metric) -> b
     return largest >= (1 - DEFER_BEHIND) * best
 
 
-def best_micro_batch(plan: VariantPlan, ledger: Ledger, tuning: AutotuningConfig) -> int | None:
+def best_micro_batch(plan: VariantPlan, history: History, tuning: AutotuningConfig) -> int | None:
     """The best of the sizes the micro-batch phase compared for ``plan``'s variant (not of
     the memory search's); with ``model_based``, the largest fit unless a smaller size beat it
     by more than the noise (:func:`largest_micro_batch_stands`)."""
-    largest = ledger.largest_fit(plan.variant)
+    largest = history.largest_fit(plan.variant)
     if largest is None:
         return None
-    runs = ledger.runs_of(plan.variant)
+    runs = history.runs_of(plan.variant)
     compared = [runs[s] for s in plan.compared_sizes(largest) if s in runs]
     metric = tuning.metric
     ranking = rank(compared, metric)
     if not ranking:
         return None
-    best = ledger.entries[ranking[0].name].micro_batch_size
+    best = history.entries[ranking[0].name].micro_batch_size
     if TunerType(tuning.tuner_type) is TunerType.model_based:
         # The ZeRO model's prior: a larger micro-batch amortizes the step's fixed costs, so
         # the largest fit stands unless a smaller one beat it by more than the noise.

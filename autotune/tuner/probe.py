@@ -19,12 +19,12 @@ from autotune.config import AutotuningConfig, TunerType
 from autotune.experiment import ExperimentResult, Status
 from autotune.tuner.bounds import Bounds
 from autotune.tuner.catalog import Catalog
-from autotune.tuner.ledger import Ledger
+from autotune.tuner.history import History
 from autotune.tuner.point_order import Subspace
 from autotune.tuner.prior import best_micro_batch, variant_order
 from autotune.tuner.ranking import score
-from autotune.tuner.reasons import NotRunKind, NotRunReason
-from autotune.tuner.space import TuningSpace, VariantPlan
+from autotune.tuner.reasons import NotRunKind, NotRunReason, Unrun, UnrunKind
+from autotune.tuner.space import VariantPlan
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
@@ -107,20 +107,20 @@ def _probe_in(
     return gap[len(gap) // 2]
 
 
-def failed_sizes_bound(plans: Sequence[VariantPlan], ledger: Ledger) -> dict[str, NotRunReason]:
+def failed_sizes_bound(plans: Sequence[VariantPlan], history: History) -> dict[Unrun, NotRunReason]:
     """Where a default-ladder search stopped after :data:`MAX_FAILED_SIZES` errors and
     timeouts above its largest fit: the sizes above the first of them it never tried."""
     bounds = {}
     for plan in plans:
-        fit = ledger.largest_fit(plan.variant)
-        runs = ledger.runs_of(plan.variant)
+        fit = history.largest_fit(plan.variant)
+        runs = history.runs_of(plan.variant)
         if fit is None or not stepped_over_enough(plan, runs, fit):
             continue
         failed = sorted(s for s, r in runs.items() if s > fit and fails_alone(r))
         untried = [s for s in plan.ladder if s > failed[0] and s not in runs]
         if not untried:
             continue
-        bounds[f"{plan.variant.label} micro-batch > {failed[0]}"] = NotRunReason(
+        bounds[Unrun(UnrunKind.sizes_above, plan.variant.label, failed[0])] = NotRunReason(
             NotRunKind.failed_sizes, (len(failed), fit, ", ".join(map(str, failed)))
         )
     return bounds
@@ -163,31 +163,31 @@ class SizeSearch:
     set by :meth:`order`).
 
     Args:
-        catalog: the configurations by name.
-        ledger: what the tuner has seen.
+        catalog: the configurations by name (the space searched now).
+        history: what the study says of the run.
         bounds: what failures prune (the data bound ends every variant's search alike).
-        tuning: the ``autotuning`` section.
+        tuning: the ``autotuning`` section (the tuner type, its seed).
+        model_info: the model's sizes (None: not known yet), for the variants' order.
     """
 
     def __init__(
-        self, catalog: Catalog, ledger: Ledger, bounds: Bounds, tuning: AutotuningConfig
+        self,
+        catalog: Catalog,
+        history: History,
+        bounds: Bounds,
+        tuning: AutotuningConfig,
+        model_info: ModelInfo | None,
     ) -> None:
         self._catalog = catalog
-        self._ledger = ledger
+        self._history = history
         self._bounds = bounds
         self._tuning = tuning
-        self._plans: list[VariantPlan] = []
-
-    def order(self, space: TuningSpace, model_info: ModelInfo | None) -> None:
-        """Search ``space``'s variants from now on, in the tuner type's order."""
-        self._plans = variant_order(
-            space.plans, self._tuning.tuner_type, self._tuning.seed, model_info
-        )
+        self._plans = variant_order(catalog.space.plans, tuning.tuner_type, tuning.seed, model_info)
 
     def size(self, plan: VariantPlan) -> int | None:
         """The next micro-batch in the search for ``plan``'s largest fit (see
         :func:`probe_size`), None once it is bracketed."""
-        runs = self._ledger.runs_of(plan.variant)
+        runs = self._history.runs_of(plan.variant)
         return probe_size(plan, runs, self._bounds.data_ceiling_size())
 
     def next(self) -> str | None:
@@ -203,10 +203,10 @@ class SizeSearch:
             size = self.size(plan)
             if size is not None:
                 name = self._catalog.register(plan.variant, size, ())
-                if self._ledger.is_free(name):
+                if self._history.is_free(name):
                     return name
                 continue
-            largest = self._ledger.largest_fit(plan.variant)
+            largest = self._history.largest_fit(plan.variant)
             if depth_first and largest is not None:
                 for compared in plan.compared_sizes(largest):
                     name = self._catalog.register(plan.variant, compared, ())
@@ -217,25 +217,10 @@ class SizeSearch:
                     return favourite
         return None
 
-    def next_owed(self) -> str | None:
-        """A micro-batch probe an interrupted run had in flight (owed), where the search it
-        belongs to is still open: it goes first, as it would have finished first, even if
-        the plan changed since it was proposed (the model's size learnt meanwhile)."""
-        catalog = self._catalog
-        plans = {plan.variant: plan for plan in catalog.space.plans}
-        for name in self._ledger.owed():
-            if name not in catalog.size_names:
-                continue
-            plan = plans.get(catalog.size_names[name][0])
-            if plan is None or self.size(plan) is not None:
-                catalog.register_size_run(name)
-                return name
-        return None
-
     def _favourite_knobs(self, plan: VariantPlan) -> str | None:
         """For the variant the prior favours: a few of its knob points at its best micro-batch
         (seeded random order), before the other variants are searched."""
-        size = best_micro_batch(plan, self._ledger, self._tuning)
+        size = best_micro_batch(plan, self._history, self._tuning)
         if size is None or not plan.knobs:
             return None
         points = Subspace(plan.variant.label, plan.knobs).points()
@@ -249,11 +234,11 @@ class SizeSearch:
         # Early stopping holds here too: no better than the variant's micro-batch runs after
         # ``tuner_early_stopping`` of them (in flight counting as no better) ends the burst.
         metric = self._tuning.metric
-        before = [r for r in self._ledger.runs_of(plan.variant).values() if r.ok]
+        before = [r for r in self._history.runs_of(plan.variant).values() if r.ok]
         best = max((score(r.metrics, metric) for r in before if r.metrics), default=None)
-        tried = [n for n in names if not self._ledger.is_free(n)]
+        tried = [n for n in names if not self._history.is_free(n)]
         improved = any(
-            (r := self._ledger.results.get(n)) is not None
+            (r := self._history.results.get(n)) is not None
             and r.ok
             and r.metrics is not None
             and (best is None or score(r.metrics, metric) > best)

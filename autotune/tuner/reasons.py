@@ -5,7 +5,9 @@ there; summaries group and compare reasons by kind, never by their text."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 Detail = int | float | str
 
@@ -30,6 +32,14 @@ class StopReason:
 
     kind: StopKind
     details: tuple[Detail, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a study's user attribute keeps it (JSON)."""
+        return {"kind": self.kind.value, "details": list(self.details)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StopReason:
+        return cls(StopKind(data["kind"]), tuple(data.get("details") or ()))
 
 
 class NotRunKind(str, enum.Enum):
@@ -57,3 +67,39 @@ class NotRunReason:
     kind: NotRunKind
     details: tuple[Detail, ...] = ()
     stop: StopReason | None = None
+
+
+class UnrunKind(str, enum.Enum):
+    """What an entry of "not run" stands for."""
+
+    configuration = "configuration"  # one configuration, by name
+    variant = "variant"  # every configuration of a ZeRO variant, by label
+    sizes_above = "sizes_above"  # a variant's micro-batches above ``size``
+    sizes_from = "sizes_from"  # every variant's micro-batches from ``size`` up
+    unmeasured = "unmeasured"  # ``count`` configurations of a variant the search left
+
+
+@dataclass(frozen=True)
+class Unrun:
+    """What did not run (one configuration, a whole variant, a range of micro-batches, a
+    count of a variant's configurations), as data; words are the rendering layer's.
+
+    Attributes:
+        kind: what it stands for.
+        name: the configuration's name, or the variant's label.
+        size: the micro-batch a range starts at (``sizes_above``: the largest left out).
+        count: how many configurations (``unmeasured``).
+    """
+
+    kind: UnrunKind
+    name: str = ""
+    size: int = 0
+    count: int = 0
+
+    @classmethod
+    def configuration(cls, name: str) -> Unrun:
+        return cls(UnrunKind.configuration, name)
+
+    @classmethod
+    def variant(cls, label: str) -> Unrun:
+        return cls(UnrunKind.variant, label)

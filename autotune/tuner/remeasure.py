@@ -44,13 +44,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable
 
 from autotune.config import AutotuningConfig
-from autotune.experiment import ExperimentResult
-from autotune.tuner.cost_model import measurement_noise, normal_cdf
-from autotune.tuner.ledger import Ledger
-from autotune.tuner.ranking import TOLERANCE, Ranked, score
+from autotune.tuner.busy import busy
+from autotune.tuner.cost_model import measurement_noise
+from autotune.tuner.history import History
+from autotune.tuner.noise import MIN_WINDOW_S, expected_loss, is_quiet, short_windows
+from autotune.tuner.ranking import Ranked, score
 
 # A rival is worth another measurement while the expected share by which it beats the leader
 # beyond the tolerance is at least this; the leader measured once is measured again while its
@@ -63,20 +63,6 @@ MAX_EXPECTED_LOSS = 0.01
 SURPRISE_Z = 3.0
 # Measurements of one configuration at most, its first included.
 MAX_MEASUREMENTS = 4
-# Measurements in a row taken while other processes competed for the cores that say the
-# machine is busy now (a neighbour's job, not a passing burst): measuring again to find the
-# quiet machine waits until a quiet measurement says it is back.
-BUSY_STREAK = 3
-BUSY_SHARE = 0.9
-# Before declaring what a busy machine measured, the run waits for it to quiet down for at
-# most a share of its time so far (all waits together), and not for less than
-# MIN_QUIET_WAIT_S. A neighbour already busy before the run's first experiment is the
-# machine's state: a fifth (one that stays costs the run a fifth more; a busy machine's run
-# then takes 1.8-1.9 times one pass over what it searched, within the 2x bound). One that
-# came during the run is more likely passing: half.
-QUIET_WAIT_SHARE = 0.2
-ARRIVED_WAIT_SHARE = 0.5
-MIN_QUIET_WAIT_S = 2.0
 
 # The control measured slower than its fastest by more than this many standard deviations of
 # a difference says the machine changed under the run, unseen.
@@ -86,69 +72,28 @@ MAX_DRIFT_NOISE = 0.06
 # many ran since (a shorter run's first and last measurements are seconds apart).
 CONTROL_EVERY = 8
 CONTROL_AT_END = 4
-# A profile window shorter than this measures the machine's jitter (on 2 CPU cores, windows
-# of 0.1 s varied by 36-162% run to run): such configurations are never raced, and the
-# summary says to lengthen the window.
-MIN_WINDOW_S = 0.5
-
-
-def expected_loss(leader: Ranked, rival: Ranked, noise: float, lower_is_better: bool) -> float:
-    """The expected share by which ``rival`` beats ``leader`` beyond the tolerance:
-    E[max(0, d - t)] for d, the log of how much better the rival is, ~ N(gap, se²) with se the
-    noise of the two medians (:func:`median_sd`), t = log(1 + tolerance).
-
-    Example:
-        >>> lead, tie = Ranked("a", 100, (100,), 0), Ranked("b", 100, (100,), 0)
-        >>> round(expected_loss(lead, tie, 0.03, False), 4)  # one measurement each
-        0.0088
-        >>> lead2, tie2 = Ranked("a", 100, (99, 101), 0), Ranked("b", 100, (99, 101), 0)
-        >>> round(expected_loss(lead2, tie2, 0.03, False), 4)  # two each: less
-        0.0046
-    """
-    if leader.value <= 0 or rival.value <= 0:
-        return 0.0
-    gap = math.log(rival.value) - math.log(leader.value)
-    if lower_is_better:
-        gap = -gap
-    se = math.hypot(
-        median_sd(noise, leader.num_measurements), median_sd(noise, rival.num_measurements)
-    )
-    t = math.log(1 + TOLERANCE)
-    z = (gap - t) / se
-    density = math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-    return max(0.0, se * density + (gap - t) * normal_cdf(z))
-
-
-def median_sd(noise: float, count: int) -> float:
-    """How far the median of ``count`` measurements with relative noise ``noise`` wanders: the
-    mean's ``noise / sqrt(n)`` for one or two (their median is their mean), about 1.25 times
-    that from three on.
-
-    Example:
-        >>> [round(median_sd(0.1, n), 4) for n in (1, 2, 4)]
-        [0.1, 0.0707, 0.0625]
-    """
-    return noise / math.sqrt(count) * (1.25 if count >= 3 else 1.0)
 
 
 class Remeasurement:
-    """Decides the next re-measurement from the results in ``ledger`` (see the module
+    """Decides the next re-measurement from the results in ``history`` (see the module
     docstring); deterministic, so a resumed run decides alike.
 
     Args:
-        ledger: what the tuner has seen.
+        history: what the tuner has seen.
         tuning: the ``autotuning`` section (metric, ``num_remeasure``).
 
-    The control's timeline is the order experiments were proposed (``ledger.proposed``), the
+    The control's timeline is the order experiments were proposed (``history.proposed``), the
     same however many ran at once.
     """
 
-    def __init__(self, ledger: Ledger, tuning: AutotuningConfig) -> None:
-        self._ledger = ledger
+    def __init__(
+        self, history: History, tuning: AutotuningConfig, quiet_at: int | None = None
+    ) -> None:
+        self._history = history
         self._tuning = tuning
         # How many results were in when the node was last seen quiet between experiments
-        # (:meth:`quiet_seen`): the machine is not busy until a later measurement says so.
-        self._quiet_at: int | None = None
+        # (the driver watched it): the machine is not busy until a later measurement says so.
+        self._quiet_at = quiet_at
 
     def noise(self) -> float:
         """The relative noise of one measurement, from the repeats so far (the control's
@@ -163,8 +108,8 @@ class Remeasurement:
 
     def _window_noise(self) -> float:
         errors = []
-        for result in self._ledger.results.values():
-            if _quiet(result) and result.metrics is not None:
+        for result in self._history.results.values():
+            if is_quiet(result) and result.metrics is not None:
                 steps = [math.log(s) for s in result.metrics.step_times_s if s > 0]
                 if len(steps) > 1:
                     errors.append(statistics.stdev(steps) / math.sqrt(len(steps)))
@@ -177,19 +122,20 @@ class Remeasurement:
         return measurement_noise(groups.values())
 
     def _quiet_latencies(self) -> dict[str, list[float]]:
-        """Each configuration's latencies measured on a quiet machine (:func:`_quiet`)."""
+        """Each configuration's latencies measured on a quiet machine
+        (:func:`~autotune.tuner.noise.is_quiet`)."""
         groups: dict[str, list[float]] = {}
-        for name, result in self._ledger.results.items():
-            if _quiet(result):
+        for name, result in self._history.results.items():
+            if is_quiet(result):
                 assert result.metrics is not None
-                groups.setdefault(self._ledger.config_of(name), []).append(result.metrics.latency)
+                groups.setdefault(self._history.config_of(name), []).append(result.metrics.latency)
         return groups
 
-    def confirmation(self, is_open: Callable[[str], bool]) -> str | None:
+    def confirmation(self) -> str | None:
         """The leader's second measurement if it is in doubt (:meth:`doubted_leader`), else
         None."""
         leader = self.doubted_leader()
-        return self._another(leader, is_open) if leader is not None else None
+        return self._another(leader) if leader is not None else None
 
     def doubted_leader(self) -> str | None:
         """The leader, if it earns a second measurement: measured once and in doubt (step 1
@@ -197,7 +143,7 @@ class Remeasurement:
         machine's). None: no doubt, nothing ran ok, or re-measuring is off."""
         if self._tuning.num_remeasure == 0:
             return None
-        ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
+        ranking = self._history.ranked(self._history.results.values(), self._tuning.metric)
         if not ranking:
             return None
         leader = ranking[0]
@@ -220,37 +166,36 @@ class Remeasurement:
         lead = -gap if lower else gap
         return lead > SURPRISE_Z * noise * math.sqrt(2)
 
-    def next(self, is_open: Callable[[str], bool]) -> str | None:
-        """The next re-measurement worth running, or None: the answer stands. ``is_open``
-        says whether a name may still run (not pruned, not in flight)."""
+    def next(self) -> str | None:
+        """The next re-measurement worth running, or None: the answer stands."""
         if self._tuning.num_remeasure == 0:
             return None
-        ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
+        ranking = self._history.ranked(self._history.results.values(), self._tuning.metric)
         if not ranking:
             return None
         wanted = [
-            self.confirmation(is_open),
-            self.control_due(is_open, every=CONTROL_AT_END),
-            *(self._another(name, is_open) for name in self._rescues(ranking)),
-            self._against_rivals(ranking, is_open),
+            self.confirmation(),
+            self.control_due(every=CONTROL_AT_END),
+            *(self._another(name) for name in self._rescues(ranking)),
+            self._against_rivals(ranking),
         ]
         # One whose last measurement the ranks saw disturbed waits for the others: measured
         # again at once, it would most likely meet the same busy machine.
         candidates = [name for name in wanted if name is not None]
-        candidates.sort(key=lambda name: self._last_disturbed(self._ledger.config_of(name)))
+        candidates.sort(key=lambda name: self._last_disturbed(self._history.config_of(name)))
         return candidates[0] if candidates else None
 
     def _last_disturbed(self, name: str) -> bool:
         last = None
-        for told in self._ledger.order:
-            if self._ledger.config_of(told) == name:
-                last = self._ledger.results[told]
+        for told in self._history.order:
+            if self._history.config_of(told) == name:
+                last = self._history.results[told]
         return last is not None and last.metrics is not None and last.metrics.disturbed
 
-    def _against_rivals(self, ranking: list[Ranked], is_open: Callable[[str], bool]) -> str | None:
+    def _against_rivals(self, ranking: list[Ranked]) -> str | None:
         """Step 2: the leader or the rival whose expected loss is largest, while any is at
         least :data:`MAX_EXPECTED_LOSS`."""
-        short = short_windows(self._ledger)
+        short = short_windows(self._history)
         leader = ranking[0]
         if leader.name in short:
             return None
@@ -274,7 +219,7 @@ class Remeasurement:
                 new = ranked.name not in remeasured
                 if new and len(remeasured - {leader.name}) >= self._tuning.num_remeasure:
                     continue
-                if (name := self._another(ranked.name, is_open)) is not None:
+                if (name := self._another(ranked.name)) is not None:
                     return name
         return None
 
@@ -284,32 +229,32 @@ class Remeasurement:
         """The first configuration the search proposed that ran ok and quiet: measured again
         through the run, it shows whether the machine changed where no rank could see it (a GPU's
         clocks, a slow start-up)."""
-        results = self._ledger.results
-        for name in self._ledger.proposed:
-            if self._ledger.is_repeat(name) or name not in self._ledger.entries:
+        results = self._history.results
+        for name in self._history.proposed:
+            if self._history.is_repeat(name) or name not in self._history.entries:
                 continue
             if name not in results:
                 return None  # decided once it is in, as a one-at-a-time run would
             result = results[name]
             # A window too short to measure in measures the machine's jitter, not its drift.
             window = result.timings.window_s  # 0: not timed (a runner that does not say)
-            if _quiet(result) and (window == 0 or window >= MIN_WINDOW_S):
+            if is_quiet(result) and (window == 0 or window >= MIN_WINDOW_S):
                 return name
         return None
 
-    def control_due(self, is_open: Callable[[str], bool], every: int = CONTROL_EVERY) -> str | None:
+    def control_due(self, every: int = CONTROL_EVERY) -> str | None:
         """The control's next measurement, once ``every`` search experiments ran since its
         last (None: not due, or no control yet)."""
         control = self.control()
         if control is None or self._tuning.num_remeasure == 0:
             return None
-        names = self._ledger.proposed
-        config_of = self._ledger.config_of
+        names = self._history.proposed
+        config_of = self._history.config_of
         last = max(i for i, n in enumerate(names) if config_of(n) == control)
-        since = sum(1 for n in names[last + 1 :] if not self._ledger.is_repeat(n))
+        since = sum(1 for n in names[last + 1 :] if not self._history.is_repeat(n))
         if since < every:
             return None
-        return self._another(control, is_open, bounded=False)
+        return self._another(control, bounded=False)
 
     def slowdowns(self) -> dict[str, float]:
         """Results taken while the control measured the machine slower than its fastest by
@@ -319,12 +264,12 @@ class Remeasurement:
         control = self.control()
         if control is None:
             return {}
-        order = self._ledger.proposed
-        results = self._ledger.results
+        order = self._history.proposed
+        results = self._history.results
         measured = [
             (i, results[n].metrics.latency)  # type: ignore[union-attr]
             for i, n in enumerate(order)
-            if self._ledger.config_of(n) == control and n in results and _quiet(results[n])
+            if self._history.config_of(n) == control and n in results and is_quiet(results[n])
         ]
         if len(measured) < 2:
             return {}
@@ -345,34 +290,15 @@ class Remeasurement:
     # --- a busy machine's measurements --------------------------------------------------------
 
     def busy(self) -> bool:
-        """Whether the machine is busy throughout, not in a passing burst: the last
-        :data:`BUSY_STREAK` measurements that ran ok, and :data:`BUSY_SHARE` of all of them,
-        were taken while other processes competed for the ranks' cores. Such a machine's
-        measurements are not rescued by measuring again: the next meets it busy too. A burst
-        is waited out (measured again until a quiet measurement comes)."""
-        if self._quiet_at is not None and self._quiet_at >= len(self._ledger.order):
-            return False  # seen quiet since the last measurement
-        disturbed = [
-            result.metrics.disturbed
-            for result in (self._ledger.results[name] for name in self._ledger.order)
-            if result.ok and result.metrics is not None
-        ]
-        recent = disturbed[-BUSY_STREAK:]
-        if len(recent) < BUSY_STREAK or not all(recent):
-            return False
-        return sum(disturbed) >= BUSY_SHARE * len(disturbed)
-
-    def quiet_seen(self) -> None:
-        """The node was seen quiet after the last measurement (the driver watched it between
-        experiments): what a busy machine decided is measured again now."""
-        self._quiet_at = len(self._ledger.order)
+        """Whether the machine is busy throughout (:func:`~autotune.tuner.busy.busy`)."""
+        return busy(self._history, self._quiet_at)
 
     def waits_for_quiet(self) -> bool:
         """Whether the machine is busy (:meth:`busy`) and a quiet one would measure again
         what it decided: a leader or a contender measured only disturbed."""
         if not self.busy() or self._tuning.num_remeasure == 0:
             return False
-        ranking = self._ledger.ranked(self._ledger.results.values(), self._tuning.metric)
+        ranking = self._history.ranked(self._history.results.values(), self._tuning.metric)
         return bool(ranking) and (ranking[0].disturbed or bool(self._rescues(ranking, True)))
 
     def _rescues(self, ranking: list[Ranked], even_if_busy: bool = False) -> list[str]:
@@ -384,15 +310,15 @@ class Remeasurement:
         machine is busy (unless ``even_if_busy``)."""
         if self.busy() and not even_if_busy:
             return []  # measured again now, they would meet the same busy machine
-        ledger, metric = self._ledger, self._tuning.metric
+        history, metric = self._history, self._tuning.metric
         slowdowns = self.slowdowns()
         bounds: dict[str, float] = {}
         seen: Counter[str] = Counter()
         slowed: Counter[str] = Counter()
         quiet: Counter[str] = Counter()
-        for name, result in ledger.results.items():
-            base = ledger.config_of(name)
-            if not result.ok or result.metrics is None or base not in ledger.entries:
+        for name, result in history.results.items():
+            base = history.config_of(name)
+            if not result.ok or result.metrics is None or base not in history.entries:
                 continue
             factor = slowdowns.get(name, 1.0)
             if result.metrics.disturbed:
@@ -412,13 +338,13 @@ class Remeasurement:
         quiet_best: dict[object, float] = {}
         for r in ranking:
             if not spoiled(r.name):
-                quiet_best.setdefault(ledger.entries[r.name].variant, metric.score(r.value))
+                quiet_best.setdefault(history.entries[r.name].variant, metric.score(r.value))
         leader = metric.score(ranking[0].value)
         rescues = []
         for r in ranking:
             if not spoiled(r.name):
                 continue
-            variant_best = quiet_best.get(ledger.entries[r.name].variant)
+            variant_best = quiet_best.get(history.entries[r.name].variant)
             if variant_best is None or bounds[r.name] > variant_best or bounds[r.name] > leader:
                 rescues.append(r.name)
         return rescues
@@ -430,16 +356,14 @@ class Remeasurement:
         (``informative``: leaving out those the ranks saw disturbed, which rank only where
         nothing else does)."""
         counts: Counter[str] = Counter()
-        for name, result in self._ledger.results.items():
+        for name, result in self._history.results.items():
             disturbed = result.metrics is not None and result.metrics.disturbed
             if not (informative and result.ok and disturbed):
-                counts[self._ledger.config_of(name)] += 1
-        counts.update(self._ledger.config_of(n) for n in self._ledger.pending)
+                counts[self._history.config_of(name)] += 1
+        counts.update(self._history.config_of(n) for n in self._history.pending)
         return counts
 
-    def _another(
-        self, name: str, is_open: Callable[[str], bool], bounded: bool = True
-    ) -> str | None:
+    def _another(self, name: str, bounded: bool = True) -> str | None:
         """``name``'s next repeat, unless it has :data:`MAX_MEASUREMENTS` informative ones
         (twice that in all) already; ``bounded`` False: the control, measured through the
         run."""
@@ -449,26 +373,5 @@ class Remeasurement:
         limit = MAX_MEASUREMENTS if self.busy() else 2 * MAX_MEASUREMENTS
         if bounded and (self._counts(informative=True)[name] >= MAX_MEASUREMENTS or total >= limit):
             return None
-        repeat = self._ledger.repeat(name, total)
-        return repeat if is_open(repeat) else None
-
-
-def _quiet(result: ExperimentResult) -> bool:
-    """Ran ok, the whole window, with nothing competing for the ranks' cores."""
-    return (
-        result.ok
-        and result.metrics is not None
-        and not result.metrics.disturbed
-        and result.stopped_after_steps is None
-    )
-
-
-def short_windows(ledger: Ledger) -> dict[str, float]:
-    """Configurations whose profile window lasted under :data:`MIN_WINDOW_S` (median over
-    their ok runs), with that median."""
-    windows: dict[str, list[float]] = {}
-    for name, result in ledger.results.items():
-        if result.ok and result.timings.window_s > 0 and result.stopped_after_steps is None:
-            windows.setdefault(ledger.config_of(name), []).append(result.timings.window_s)
-    medians = {name: statistics.median(seconds) for name, seconds in windows.items()}
-    return {name: s for name, s in medians.items() if s < MIN_WINDOW_S}
+        repeat = self._history.next_repeat(name)
+        return repeat if self._history.is_free(repeat) else None

@@ -32,71 +32,21 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, ConfigError, OffloadDevice
-from autotune.config.keys import get_field, get_key
+from autotune.config.keys import get_key
 from autotune.config.knobs import (
     ACCUMULATION_KEY,
     ALL_STAGES,
     CHECKPOINTING_KEY,
-    KNOB_BY_KEY,
-    KNOBS,
     MICRO_BATCH_KEY,
     OFFLOAD_KEY,
     STAGE_KEY,
-    name_position,
 )
+from autotune.tuner.knob_grid import current_values, knob_dims
 from autotune.tuner.memory import DEFAULT_MARGIN_FRACTION, MemoryEstimate, estimate_memory
 from autotune.tuner.naming import candidate_name
 
 if TYPE_CHECKING:
-    from optuna.distributions import BaseDistribution
-
     from autotune.profiling.model_info import ModelInfo
-
-
-def default_knobs(stage: int, num_params: int | None) -> dict[str, tuple[Any, ...]]:
-    """The knobs tuned by default at ``stage`` (``fast: false``) and the values tried.
-
-    Example:
-        >>> default_knobs(1, num_params=10_000_000)["zero_optimization.reduce_bucket_size"]
-        (500000, 2000000, 10000000)
-    """
-    return {
-        knob.key: size_grid(num_params, knob.default_grid)
-        if knob.scales_with_model
-        else knob.default_grid
-        for knob in KNOBS
-        if stage in knob.default_stages
-    }
-
-
-def size_grid(num_params: int | None, reference: tuple[int, ...]) -> tuple[int, ...]:
-    """Element counts to try for a bucket-like knob on a model of ``num_params`` parameters.
-
-    Sizes at or above the model's size behave alike, so they collapse into one (the model's
-    size rounded up to 1, 2 or 5 × 10^k) and quarters below it keep the grid as long.
-
-    Example:
-        >>> size_grid(10**10, (5 * 10**7, 10**9)), size_grid(3 * 10**6, (5 * 10**7, 10**9))
-        ((50000000, 1000000000), (1000000, 5000000))
-    """
-    if num_params is None or max(reference) < num_params:
-        return reference
-    whole = _nice(num_params, up=True)
-    values = {v for v in reference if v < whole} | {whole}
-    while len(values) < len(reference):
-        smaller = _nice(max(1, min(values) // 4), up=False)
-        if smaller in values:
-            break
-        values.add(smaller)
-    return tuple(sorted(values))
-
-
-def _nice(value: int, up: bool) -> int:
-    """The nearest of 1, 2, 5 × 10^k above (``up``) or below ``value``."""
-    ladder = sorted(m * 10**k for k in range(len(str(value)) + 1) for m in (1, 2, 5))
-    if up:
-        return next(v for v in ladder if v >= value)
-    return max(v for v in ladder if v <= value)
 
 
 @dataclass(frozen=True, order=True)
@@ -174,6 +124,8 @@ class TuningSpace:
         pruned: variant label → why it is not tried.
         sizes: the micro-batch sizes the config allows (those of a variant pruned before the
             search are its configurations not run).
+        stages: the stages searched.
+        knob_keys_by_stage: the knobs tuned at each stage searched.
     """
 
     plans: tuple[VariantPlan, ...]
@@ -182,6 +134,7 @@ class TuningSpace:
     pruned: Mapping[str, str] = field(default_factory=dict)
     sizes: tuple[int, ...] = ()
     stages: tuple[int, ...] = ALL_STAGES
+    knob_keys_by_stage: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     def overrides(
         self, variant: Variant, micro_batch_size: int, knobs: Mapping[str, Any] | None = None
@@ -192,56 +145,10 @@ class TuningSpace:
     def name(self, overrides: Mapping[str, Any]) -> str:
         return candidate_name(overrides, self.base)
 
-    def trial_params(
-        self, variant: Variant, micro_batch_size: int, knobs: tuple[tuple[str, Any], ...]
-    ) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
-        """A configuration as an Optuna trial's parameters, with their distributions: the
-        stage among those searched, the micro-batch (log-scaled), the optimizer's offload
-        and activation checkpointing where the variant switches them on, and each tuned
-        knob under its dotted key.
-
-        Example:
-            >>> space = TuningSpace((), {}, {}, sizes=(8, 16, 64), stages=(1, 2))
-            >>> knobs = (("zero_optimization.overlap_comm", True),)
-            >>> params, dists = space.trial_params(Variant(2), 8, knobs)
-            >>> params
-            {'zero_stage': 2, 'micro_batch_size': 8, 'zero_optimization.overlap_comm': True}
-            >>> type(dists["micro_batch_size"]).__name__
-            'IntDistribution'
-        """
-        from optuna.distributions import CategoricalDistribution, IntDistribution
-
-        from autotune.tuner.trials import (
-            CHECKPOINTING_PARAM,
-            MICRO_BATCH_PARAM,
-            OFFLOAD_PARAM,
-            STAGE_PARAM,
-        )
-
-        stages = self.stages if variant.stage in self.stages else (*self.stages, variant.stage)
-        largest = max((*self.sizes, micro_batch_size))
-        params: dict[str, Any] = {STAGE_PARAM: variant.stage, MICRO_BATCH_PARAM: micro_batch_size}
-        dists: dict[str, BaseDistribution] = {
-            STAGE_PARAM: CategoricalDistribution(stages),
-            MICRO_BATCH_PARAM: IntDistribution(1, largest, log=True),
-        }
-        for param, switched in (
-            (OFFLOAD_PARAM, variant.offload_optimizer),
-            (CHECKPOINTING_PARAM, variant.activation_checkpointing),
-        ):
-            if switched:
-                params[param] = True
-                dists[param] = CategoricalDistribution((False, True))
-        choices = {
-            key: values
-            for plan in self.plans
-            if plan.variant == variant
-            for key, values in plan.knobs
-        }
-        for key, value in knobs:
-            params[key] = value
-            dists[key] = knob_distribution((*choices.get(key, ()), value))
-        return params, dists
+    def knob_keys(self, stage: int) -> tuple[str, ...]:
+        """The knobs tuned at ``stage`` (the same for each of its variants, whatever the
+        model's size), in the order names show them."""
+        return self.knob_keys_by_stage.get(stage, ())
 
     @property
     def num_configurations(self) -> int:
@@ -251,33 +158,6 @@ class TuningSpace:
             len(plan.ladder) + (math.prod(len(v) for _, v in plan.knobs) if plan.knobs else 0)
             for plan in self.plans
         )
-
-
-def knob_distribution(values: tuple[Any, ...]) -> BaseDistribution:
-    """How an Optuna trial records a knob searched over ``values``: sizes as a range (on a
-    log scale where all are positive), so that a grid that follows the model's size stays
-    one distribution; switches and names as categories.
-
-    Example:
-        >>> knob_distribution((50_000_000, 500_000_000))
-        IntDistribution(high=500000000, log=True, low=50000000, step=1)
-        >>> knob_distribution((True, False)).choices
-        (False, True)
-    """
-    from optuna.distributions import (
-        CategoricalDistribution,
-        FloatDistribution,
-        IntDistribution,
-    )
-
-    if values and all(isinstance(v, bool) for v in values):
-        return CategoricalDistribution((False, True))
-    if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        low, high = min(values), max(values)
-        if all(isinstance(v, int) for v in values):
-            return IntDistribution(int(low), int(high), log=low >= 1)
-        return FloatDistribution(float(low), float(high), log=low > 0)
-    return CategoricalDistribution(tuple(dict.fromkeys(values)))
 
 
 def build_space(
@@ -309,7 +189,7 @@ def build_space(
     searched = config.search_space
     own_axes = (STAGE_KEY, MICRO_BATCH_KEY, CHECKPOINTING_KEY)
     fixed = {k: v[0] for k, v in searched.items() if k not in own_axes}
-    base = {**_current_values(config), **fixed}
+    base = {**current_values(config), **fixed}
     user_offload = config.zero_optimization.optimizer_offload_device is OffloadDevice.cpu
     sizes, user_chose_sizes = micro_batch_sizes(config)
     num_params = model_info.num_params if model_info is not None else None
@@ -363,14 +243,18 @@ def build_space(
             continue
         largest = estimate.max_micro_batch_size(valid[-1]) if estimate else valid[-1]
         start = max((s for s in valid if s <= largest), default=valid[0])
-        knobs = _knob_dims(config, stage, num_params)
+        knobs = knob_dims(config, stage, num_params)
         count = len(valid) if user_chose_sizes else config.autotuning.num_tuning_micro_batch_sizes
         plans.append(
             VariantPlan(
                 variant, tuple(valid), start, count, knobs, estimate, halving=not user_chose_sizes
             )
         )
-    return TuningSpace(tuple(plans), fixed, base, pruned, tuple(sizes), _stages(config))
+    knob_keys = {
+        stage: tuple(key for key, _ in knob_dims(config, stage, num_params))
+        for stage in _stages(config)
+    }
+    return TuningSpace(tuple(plans), fixed, base, pruned, tuple(sizes), _stages(config), knob_keys)
 
 
 def _states_fit(estimate: MemoryEstimate, micro_batch_size: int) -> bool:
@@ -453,69 +337,3 @@ def _stages(config: Config) -> tuple[int, ...]:
     if get_key(config.spec, STAGE_KEY) is not None:  # the user chose one
         return (config.zero_optimization.stage,)
     return ALL_STAGES
-
-
-def _knob_dims(
-    config: Config, stage: int, num_params: int | None
-) -> tuple[tuple[str, tuple[Any, ...]], ...]:
-    """Knobs tuned at ``stage``: the defaults (unless fast), replaced by the user's lists."""
-    dims = {} if config.autotuning.fast else default_knobs(stage, num_params)
-    current = _current_values(config)
-    for key, values in dims.items():
-        dims[key] = _prefer_current(values, current[key], num_params)
-    for key, values in config.search_space.items():
-        knob = KNOB_BY_KEY[key]
-        if knob.per_stage and stage in knob.stages:
-            dims[key] = values
-    return tuple(sorted(dims.items(), key=lambda item: name_position(item[0])))
-
-
-def recommended_point(
-    dims: tuple[tuple[str, tuple[Any, ...]], ...], current: Mapping[str, Any]
-) -> tuple[tuple[str, Any], ...] | None:
-    """The knob values established practice sets (:attr:`Knob.recommended`), the config's own
-    elsewhere; None where no recommendation applies (that point is the config's own, run in
-    the micro-batch phase already) or a value is not among those searched.
-
-    Example:
-        >>> dims = (("zero_optimization.reduce_bucket_size", (10, 100)),
-        ...         ("zero_optimization.overlap_comm", (False, True)))
-        >>> recommended_point(dims, {"zero_optimization.reduce_bucket_size": 100,
-        ...                          "zero_optimization.overlap_comm": False})
-        (('zero_optimization.reduce_bucket_size', 100), ('zero_optimization.overlap_comm', True))
-    """
-    point = []
-    for key, values in dims:
-        recommended = KNOB_BY_KEY[key].recommended
-        value = recommended if recommended is not None else current.get(key)
-        if value not in values:
-            return None
-        point.append((key, value))
-    return tuple(point) if any(v != current.get(k) for k, v in point) else None
-
-
-def _prefer_current(
-    values: tuple[Any, ...], current: Any, num_params: int | None
-) -> tuple[Any, ...]:
-    """``values`` with the config's own size standing in for the one it behaves like.
-
-    A size at or above the model's behaves as the grid's largest does; using the config's
-    spelling keeps that point's name equal to the micro-batch phase's, so it is not run twice.
-    """
-    if num_params is None or not isinstance(current, int) or isinstance(current, bool):
-        return values
-    if current < num_params or values[-1] < num_params:
-        return values
-    return (*values[:-1], current)
-
-
-def _current_values(config: Config) -> dict[str, Any]:
-    """The config's value at every key a candidate may set."""
-    values: dict[str, Any] = {
-        OFFLOAD_KEY: config.zero_optimization.optimizer_offload_device.value,
-        CHECKPOINTING_KEY: config.activation_checkpointing.enabled,
-    }
-    for knob in KNOBS:
-        if knob.per_stage:
-            values[knob.key] = get_field(config, knob.key)
-    return values

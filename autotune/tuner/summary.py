@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.config import AutotuningConfig, Metric
+from autotune.config import Metric
 from autotune.experiment import ExperimentResult
 from autotune.tuner.cost_model import CostModel
-from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.history import Entry, History
+from autotune.tuner.noise import short_windows
+from autotune.tuner.probe import failed_sizes_bound
 from autotune.tuner.ranking import TOLERANCE, Ranked, within_noise
-from autotune.tuner.reasons import NotRunReason, StopReason
-from autotune.tuner.remeasure import short_windows
+from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason, Unrun, UnrunKind
 from autotune.tuner.space import TuningSpace
+
+if TYPE_CHECKING:
+    from autotune.tuner.record import RunRecord
+    from autotune.tuner.search import Search, SearchContext
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class TuningSummary:
     top_two_within_noise: bool | None
     num_run: int
     num_failed: int
-    not_run: Mapping[str, NotRunReason] = field(default_factory=dict)
+    not_run: Mapping[Unrun, NotRunReason] = field(default_factory=dict)
     failed: Mapping[str, str] = field(default_factory=dict)
     tuning_time_s: float = 0.0
     stop: StopReason | None = None
@@ -101,7 +105,7 @@ class TuningSummary:
     num_stopped_early: int = 0
     cost_model: Mapping[str, Any] | None = None
     num_infrastructure_retries: int = 0
-    not_run_counts: Mapping[str, int] = field(default_factory=dict)
+    not_run_counts: Mapping[Unrun, int] = field(default_factory=dict)
     waited_for_quiet_s: float = 0.0
 
     @property
@@ -122,6 +126,12 @@ class TuningSummary:
         """Configurations ranked on disturbed measurements alone (their values too low)."""
         return tuple(r.name for r in self.ranking if r.disturbed)
 
+    def not_run_names(self) -> set[str]:
+        """The names of what was not run: configurations' and variants' (``z3``)."""
+        return {
+            unrun.name for unrun in self.not_run if unrun.kind.value in ("configuration", "variant")
+        }
+
     @property
     def num_not_run(self) -> int:
         """Configurations not run (a whole variant counts each of its micro-batch sizes)."""
@@ -129,122 +139,160 @@ class TuningSummary:
 
 
 def summarize(
-    ledger: Ledger,
-    space: TuningSpace,
-    tuning: AutotuningConfig,
+    context: SearchContext,
+    run: RunRecord,
+    search: Search,
     *,
-    not_run: Mapping[str, NotRunReason],
+    finished: bool,
     tuning_time_s: float,
-    stop: StopReason | None,
-    noise: float | None = None,
-    noise_measured: bool = False,
+    noise: tuple[float, bool] | None = None,
     cost_model: CostModel | None = None,
-    waited_for_quiet_s: float = 0.0,
 ) -> TuningSummary:
-    """The summary of what ``ledger`` holds, searched over ``space`` under ``tuning``;
-    ``not_run``: what was considered and not run, each with the reason."""
+    """The summary of the run the study records: ``context`` (the search's walk on it),
+    ``run`` (what the driver recorded beside it), ``search`` (the tuner type's); ``noise``:
+    the relative noise of one measurement, and whether the run measured it."""
+    history, space, tuning = context.history, context.space, context.tuning
     metric = tuning.metric
-    ranking = ledger.ranked(ledger.results.values(), metric)
+    ranking = history.ranking(metric)
     best = ranking[0] if ranking else None
     per_variant: dict[str, Ranked] = {}
     for entry in ranking:
-        per_variant.setdefault(ledger.entries[entry.name].variant.label, entry)
-    failed = {name: _failure_line(r) for name, r in ledger.results.items() if not r.ok}
-    best_entry = ledger.entries[best.name] if best is not None else None
+        per_variant.setdefault(history.entries[entry.name].variant.label, entry)
+    failed = {name: _failure_line(r) for name, r in history.results.items() if not r.ok}
+    best_entry = history.entries[best.name] if best is not None else None
+    stop = run.stop if run.search_ended else context.trace.reason
+    if stop is None and finished:
+        stop = StopReason(StopKind.exhausted)
+    not_run = not_run_of(context, run, search, finished)
+    noise_value, noise_measured = noise if noise is not None else (None, False)
     return TuningSummary(
         metric=metric,
         ranking=tuple(ranking),
         best=best,
         best_overrides=dict(best_entry.overrides) if best_entry else {},
         best_per_variant=per_variant,
-        top_two_within_noise=(tied(ranking[0], ranking[1], noise) if len(ranking) > 1 else None),
-        num_run=len(ledger.results),
+        top_two_within_noise=(
+            tied(ranking[0], ranking[1], noise_value) if len(ranking) > 1 else None
+        ),
+        num_run=len(history.results),
         num_failed=len(failed),
         not_run=not_run,
         failed=failed,
         tuning_time_s=tuning_time_s,
         stop=stop,
         num_disturbed=sum(
-            1 for r in ledger.results.values() if r.metrics is not None and r.metrics.disturbed
+            1 for r in history.results.values() if r.metrics is not None and r.metrics.disturbed
         ),
         search_bound=tuning.tuner_num_trials,
         short_windows={
             name: seconds
-            for name, seconds in short_windows(ledger).items()
-            if name in ledger.entries
+            for name, seconds in short_windows(history).items()
+            if name in history.entries
         },
         window_steps=tuning.end_profile_step - tuning.start_profile_step + 1,
-        num_remeasured=sum(1 for n in ledger.results if ledger.is_repeat(n)),
+        num_remeasured=sum(1 for n in history.results if history.is_repeat(n)),
         best_at_cap=_at_cap(best_entry, space),
-        noise=noise,
+        noise=noise_value,
         noise_measured=noise_measured,
         num_stopped_early=sum(
-            1 for r in ledger.results.values() if r.stopped_after_steps is not None
+            1 for r in history.results.values() if r.stopped_after_steps is not None
         ),
         cost_model=cost_model.to_dict() if cost_model is not None else None,
-        num_infrastructure_retries=sum(r.infrastructure_retries for r in ledger.results.values()),
-        not_run_counts=not_run_counts(not_run, ledger, space),
-        waited_for_quiet_s=waited_for_quiet_s,
+        num_infrastructure_retries=sum(r.infrastructure_retries for r in history.results.values()),
+        not_run_counts=not_run_counts(not_run, history, space),
+        waited_for_quiet_s=sum(wait.waited_s for wait in run.waits),
     )
 
 
-# The names of what did not run that stand for several configurations: ``z1 micro-batch >
-# 64`` (sizes above a failure), ``micro-batch >= 16`` (the data bound, in every variant),
-# ``z1: 12 configurations`` (model_based's unmeasured ones).
-_SIZES_ABOVE = re.compile(r"(?P<label>\S+) micro-batch > (?P<size>\d+)")
-_DATA_BOUND = re.compile(r"micro-batch >= (?P<size>\d+)")
-_COUNTED = re.compile(r"(?P<label>\S+): (?P<count>\d+) configurations")
+def not_run_of(
+    context: SearchContext, run: RunRecord, search: Search, finished: bool
+) -> dict[Unrun, NotRunReason]:
+    """Every variant, range and configuration the run considered and did not run, with the
+    reason: pruned (the memory estimate, a config rule, an ``oom`` below it, the data bound,
+    errors above the largest fit), not reached (its phase or the search ended first, and
+    why; the time budget), or, once over, left by the search (``model_based``'s, one entry
+    per variant)."""
+    history, trace = context.history, context.trace
+    if run.search_ended:  # ended by a limit of the run's, maybe before its phase noted them
+        context.note_unsearched_variants()
+    explained: dict[Unrun, NotRunReason] = {
+        Unrun.variant(label): why for label, why in trace.variants.items()
+    }
+    for name, rule in context.catalog.rejected.items():
+        explained[Unrun.configuration(name)] = NotRunReason(NotRunKind.config_rule, (rule,))
+    explained.update(failed_sizes_bound(context.space.plans, history))
+    explained.update(context.bounds.pruned())
+    reached: dict[str, NotRunReason] = {}
+    for _, points, reason in trace.ended:
+        for name in points:
+            reached.setdefault(name, NotRunReason(NotRunKind.not_reached, stop=reason))
+    if run.search_ended and trace.current is not None:
+        for name in trace.current[1]:
+            reached.setdefault(name, NotRunReason(NotRunKind.not_reached, stop=run.search_stop))
+    if run.left is not None and history.is_free(run.left):
+        stop = run.run_stop if run.run_ended and run.run_stop else run.search_stop
+        explained[Unrun.configuration(run.left)] = NotRunReason(NotRunKind.time_budget, stop=stop)
+    ended = NotRunReason(NotRunKind.search_ended, stop=run.stop)
+    for name, entry in history.entries.items():
+        key = Unrun.configuration(name)
+        if history.is_free(name) and key not in explained:
+            explained[key] = reached.get(name) or trace.variants.get(entry.variant.label, ended)
+    if finished:
+        for label, count in search.not_measured(context).items():
+            if Unrun.variant(label) not in explained:
+                explained[Unrun(UnrunKind.unmeasured, label, count=count)] = NotRunReason(
+                    NotRunKind.not_measured, stop=run.stop
+                )
+    return explained
+
 
 _Key = tuple[Any, ...]
 
 
 def not_run_counts(
-    not_run: Mapping[str, NotRunReason], ledger: Ledger, space: TuningSpace
-) -> dict[str, int]:
+    not_run: Mapping[Unrun, NotRunReason], history: History, space: TuningSpace
+) -> dict[Unrun, int]:
     """How many configurations each entry of ``not_run`` stands for: each configuration
     (variant, micro-batch, knobs) once, under the most specific entry that names it (a
-    configuration's own name, then a range of sizes, then its whole variant), and none that
-    ran. A variant pruned before the search has every size the config allows."""
+    configuration, then a range of sizes, then its whole variant), and none that ran. A
+    variant pruned before the search has every size the config allows."""
     plans = {plan.variant.label: plan for plan in space.plans}
-    ran = {
-        (entry.variant.label, entry.micro_batch_size, entry.knobs)
-        for name, entry in ledger.entries.items()
-        if name in ledger.results
-    }
+
+    def key(entry: Entry) -> _Key:
+        return (entry.variant.label, entry.micro_batch_size, () if entry.own_knobs else entry.knobs)
+
+    ran = {key(entry) for name, entry in history.entries.items() if name in history.results}
 
     def sizes_of(label: str, keep: Any = lambda size: True) -> Iterable[_Key]:
         plan = plans.get(label)
         sizes = plan.ladder if plan is not None else space.sizes
         return ((label, size, ()) for size in sizes if keep(size))
 
-    def keys(name: str) -> Iterable[_Key]:
-        entry = ledger.entries.get(name)
-        if entry is not None:
-            return [(entry.variant.label, entry.micro_batch_size, entry.knobs)]
-        if name in plans or name in space.pruned:
-            return sizes_of(name)
-        if match := _SIZES_ABOVE.fullmatch(name):
-            above = int(match["size"])
-            return sizes_of(match["label"], lambda size: size > above)
-        if match := _DATA_BOUND.fullmatch(name):
-            least = int(match["size"])
+    def keys(unrun: Unrun) -> Iterable[_Key]:
+        if unrun.kind is UnrunKind.configuration:
+            entry = history.entries.get(unrun.name)
+            return [key(entry)] if entry is not None else [(unrun.name,)]
+        if unrun.kind is UnrunKind.variant:
+            return sizes_of(unrun.name)
+        if unrun.kind is UnrunKind.sizes_above:
+            return sizes_of(unrun.name, lambda size: size > unrun.size)
+        if unrun.kind is UnrunKind.sizes_from:
             return itertools.chain.from_iterable(
-                sizes_of(label, lambda size: size >= least) for label in plans
+                sizes_of(label, lambda size: size >= unrun.size) for label in plans
             )
-        if match := _COUNTED.fullmatch(name):
-            return [(name, i) for i in range(int(match["count"]))]
-        return [(name,)]
+        return [(unrun.name, "unmeasured", i) for i in range(unrun.count)]
 
-    # The most specific first: a configuration's own name, then ranges, then whole variants.
+    # The most specific first: a configuration, then ranges, then whole variants.
     order = sorted(
-        not_run, key=lambda n: (n not in ledger.entries, n in plans or n in space.pruned)
+        not_run,
+        key=lambda u: (u.kind is not UnrunKind.configuration, u.kind is UnrunKind.variant),
     )
     counted: set[_Key] = set(ran)
     counts = {}
-    for name in order:
-        mine = set(keys(name)) - counted
+    for unrun in order:
+        mine = set(keys(unrun)) - counted
         counted |= mine
-        counts[name] = len(mine)
+        counts[unrun] = len(mine)
     return counts
 
 

@@ -14,17 +14,21 @@ the results directory.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult
 from autotune.metric import Metric
+from autotune.tuner.naming import repeat_name
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.distributions import BaseDistribution
     from optuna.trial import FrozenTrial
+
+    from autotune.tuner.history import Entry, Experiment
+    from autotune.tuner.search_space import SearchSpace
 
 STAGE_PARAM = "zero_stage"
 MICRO_BATCH_PARAM = "micro_batch_size"
@@ -37,6 +41,11 @@ PHASE_ATTR = "phase"
 NOT_RUN_ATTR = "not_run"
 REPEAT_OF_ATTR = "repeat_of"
 DS_CONFIG_ATTR = "ds_config"
+# A trial that runs again what a killed run left running takes that trial's place in the
+# order experiments were proposed: its number (the old trial is then left out).
+PROPOSED_AS_ATTR = "proposed_as"
+# Set on a trial a killed run left queued, which nothing will run.
+ABANDONED_ATTR = "abandoned"
 # The result's own fields, each a user attribute (ExperimentResult.to_dict's keys).
 RESULT_ATTRS = (
     "name",
@@ -95,8 +104,8 @@ def new_study(
     storage: str | optuna.storages.BaseStorage | None = None,
     name: str | None = None,
 ) -> optuna.Study:
-    """A study whose direction is ``metric``'s, in ``storage`` (None: in memory). Its sampler
-    is never consulted for the trials the tuner asks: their parameters are fixed."""
+    """A study whose direction is ``metric``'s, in ``storage`` (None: in memory); the tuner
+    sets its sampler and pruner."""
     import optuna
     from optuna.study import StudyDirection
 
@@ -111,142 +120,132 @@ def new_study(
     )
 
 
-@dataclass(frozen=True)
-class PastExperiment:
-    """An experiment of an earlier run, as its trial recorded it.
+def experiments_of(
+    trials: Iterable[FrozenTrial], space: SearchSpace
+) -> tuple[list[Experiment], list[str]]:
+    """The experiments ``trials`` record (see :mod:`autotune.tuner.history`), and the names of
+    the finished ones in the order they were told.
 
-    Attributes:
-        number: the number it was proposed as (its trial's).
-        name: its name.
-        repeat_of: the configuration it measured again (None: its own).
-        result: how it ended (None: it was still running when the run stopped).
-        params: its configuration as the trial's parameters.
-        dists: their distributions.
+    A trial is an experiment once it has a configuration: autotune's name it (user attribute
+    ``name``), a trial of a plain Optuna study is named by its parameters (one with the same
+    parameters as an earlier one measures it again). Left out: trials still waiting, a
+    suggestion that was no configuration (:data:`NOT_RUN_ATTR`), one a killed run left that a
+    later trial runs again (:data:`PROPOSED_AS_ATTR`) or that nothing will
+    (:data:`ABANDONED_ATTR`).
     """
-
-    number: int
-    name: str
-    repeat_of: str | None
-    result: ExperimentResult | None
-    params: dict[str, Any]
-    dists: dict[str, BaseDistribution]
-
-
-def past_experiments(trials: Iterable[FrozenTrial]) -> list[PastExperiment]:
-    """The experiments ``trials`` record, in the order they were proposed: finished ones
-    with their result, those left running without."""
-    past = []
-    for trial in sorted(trials, key=lambda t: t.number):
-        attrs = trial.user_attrs
-        if "name" not in attrs or trial.state.name == "WAITING":
-            continue  # not an experiment (a trial someone added by hand)
-        finished = trial.state.is_finished() and attrs.get("status") is not None
-        if trial.state.is_finished() and not finished:
-            continue  # failed without a result: an experiment that never ran
-        result = ExperimentResult.from_dict(record_of(trial)) if finished else None
-        past.append(
-            PastExperiment(
-                trial.number,
-                attrs["name"],
-                attrs.get(REPEAT_OF_ATTR),
-                result,
-                dict(trial.params),
-                dict(trial.distributions),
-            )
-        )
-    return past
-
-
-# Set on a trial a killed run left before it was named (see :func:`fail_unnamed`).
-ABANDONED_ATTR = "abandoned"
-
-
-def fail_unnamed(study: optuna.Study) -> int:
-    """Fail the trials a killed run left between creating a trial and naming it (a trial
-    is created, then named, in separate writes): running or waiting, no experiment's name.
-    Nothing ran for them; left waiting, the next trial asked would take one's parameters.
-    Returns how many there were."""
     from optuna.trial import TrialState
 
-    storage = study._storage
-    left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
-    unnamed = [t for t in left if "name" not in t.user_attrs]
-    for trial in unnamed:
-        storage.set_trial_user_attr(trial._trial_id, ABANDONED_ATTR, "the run was killed first")
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-    return len(unnamed)
+    from autotune.tuner.history import Experiment
+
+    trials = sorted(trials, key=lambda t: t.number)
+    superseded = {t.user_attrs.get(PROPOSED_AS_ATTR) for t in trials}
+    experiments: list[Experiment] = []
+    metric = space.config.autotuning.metric
+    steps: dict[str, tuple[int, float]] = {}  # configuration → its global batch, FLOPs a rank
+    runs: dict[str, int] = {}  # configuration → its experiments so far
+    finished: list[tuple[Any, int, str]] = []
+    for trial in trials:
+        attrs = trial.user_attrs
+        skip = trial.state is TrialState.WAITING or trial.number in superseded
+        if skip or NOT_RUN_ATTR in attrs or ABANDONED_ATTR in attrs or not trial.params:
+            continue
+        entry = space.entry_of_trial(trial)
+        if entry is None:
+            continue  # not a configuration (yet: its parameters are still being suggested)
+        config = space.name_of(entry)
+        repeat_of = attrs.get(REPEAT_OF_ATTR)
+        name = attrs.get("name")
+        if name is None:  # a plain study's: its parameters name it
+            repeat_of = config if config in runs else None
+            name = repeat_name(config, runs[config]) if repeat_of else config
+        runs[repeat_of or name] = runs.get(repeat_of or name, 0) + 1
+        result = None
+        if trial.state.is_finished():
+            read = functools.partial(_read_result, trial, name, metric, space, entry, steps)
+            result = space.remembered(trial, read)
+        if result is not None:
+            finished.append((trial.datetime_complete, trial.number, name))
+        experiments.append(
+            Experiment(
+                name,
+                attrs.get(PROPOSED_AS_ATTR, trial.number),
+                entry,
+                repeat_of,
+                result,
+                attrs.get(PHASE_ATTR),
+                trial.number,
+            )
+        )
+    told = [name for *_, name in sorted(finished, key=lambda f: (f[0] is None, f[0], f[1]))]
+    return experiments, told
 
 
-class TrialLog:
-    """Writes a tuner's experiments into ``study`` (see the module docstring).
+def _read_result(
+    trial: FrozenTrial,
+    name: str,
+    metric: Metric,
+    space: SearchSpace,
+    entry: Entry,
+    steps: dict[str, tuple[int, float]],
+) -> ExperimentResult:
+    return result_of(trial, name, metric, *_step_of(space, entry, steps))
 
-    Args:
-        study: the study; its direction is ``metric``'s.
-        metric: the value every trial reports.
-    """
 
-    def __init__(self, study: optuna.Study, metric: Metric) -> None:
-        self.study = study
-        self._metric = metric
-        self._open: dict[str, Any] = {}  # experiment name → its running optuna.Trial
+def _recorded(trial: FrozenTrial) -> bool:
+    """Whether autotune recorded the trial's experiment whole (its result's fields)."""
+    return trial.user_attrs.get("name") is not None and "metrics" in trial.user_attrs
 
-    def start(
-        self,
-        name: str,
-        params: Mapping[str, Any],
-        distributions: Mapping[str, BaseDistribution],
-        attrs: Mapping[str, Any],
-        *,
-        number: int | None = None,
-        trial: optuna.Trial | None = None,
-        sampled: bool = False,
-    ) -> int:
-        """The trial of experiment ``name``; its number. It is the running trial an
-        interrupted run left (``number``), or one a sampler was already asked (``trial``), or
-        asked now: of the study's sampler (``sampled``: the search, which hands Optuna
-        ``params``), else with ``params`` fixed (a re-measurement)."""
-        import optuna
 
-        if trial is None and number is not None:
-            trial = optuna.trial.Trial(self.study, self._trial_id(number))
-        elif trial is None:
-            if not sampled:
-                self.study.enqueue_trial(dict(params), skip_if_exists=False)
-            trial = self.study.ask(dict(distributions))
-            if sampled and trial.params != dict(params):  # the study's sampler is not the search
-                raise RuntimeError(f"the study sampled {trial.params} for {name}, not {params}")
-        for key, value in {"name": name, **attrs}.items():
-            trial.set_user_attr(key, value)
-        self._open[name] = trial
-        return int(trial.number)
+def _step_of(
+    space: SearchSpace, entry: Entry, known: dict[str, tuple[int, float]]
+) -> tuple[int, float]:
+    """The global batch of ``entry``'s step and the FLOPs a rank computes in it (0: the
+    model is not known), kept in ``known``."""
+    name = space.name_of(entry)
+    if name not in known:
+        try:
+            ds_config = space.config_of(entry)
+        except ConfigError:
+            ds_config = {}
+        batch = int(ds_config.get("train_batch_size") or 1)
+        micro = int(ds_config.get("train_micro_batch_size_per_gpu") or 1)
+        steps = int(ds_config.get("gradient_accumulation_steps") or 1)
+        info = space.model_info
+        known[name] = (batch, info.flops_per_sample * micro * steps if info else 0.0)
+    return known[name]
 
-    def finish(self, result: ExperimentResult, ds_config: Mapping[str, Any] | None) -> None:
-        """Commit ``result`` to its trial: attributes first, then the state and value."""
-        trial = self._open.pop(result.name)
-        for key, value in result_attrs(result).items():
-            trial.set_user_attr(key, value)
-        if ds_config is not None:
-            trial.set_user_attr(DS_CONFIG_ATTR, dict(ds_config))
-        state = state_of(result)
-        value = self._metric.of(result.metrics) if result.metrics is not None else None
-        if state.name == "PRUNED" and value is not None:
-            trial.report(value, step=result.stopped_after_steps or 0)
-        self.study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
 
-    def add(
-        self,
-        result: ExperimentResult,
-        params: Mapping[str, Any],
-        distributions: Mapping[str, BaseDistribution],
-        attrs: Mapping[str, Any],
-    ) -> int:
-        """A finished experiment the tuner did not ask for, as a finished trial; its number."""
-        number = self.start(result.name, params, distributions, attrs)
-        self.finish(result, None)
-        return number
+def result_of(
+    trial: FrozenTrial, name: str, metric: Metric, batch: int, flops_per_step: float
+) -> ExperimentResult:
+    """How a finished trial's experiment ended: the result autotune recorded in its user
+    attributes, else (a plain Optuna objective's) from its state and value: ``COMPLETE`` ran
+    ok at that value of ``metric``; ``PRUNED`` after reporting stopped early at its last
+    report, or with user attribute ``status`` (``"oom"``) failed so; ``FAIL`` is an error.
+    An objective may set ``peak_memory_bytes``; ``batch`` and ``flops_per_step`` are the
+    experiment's (a step's global batch, a rank's FLOPs)."""
+    from optuna.trial import TrialState
 
-    def _trial_id(self, number: int) -> int:
-        for trial in self.study.get_trials(deepcopy=False):
-            if trial.number == number:
-                return int(trial._trial_id)
-        raise KeyError(f"the study has no trial {number}")
+    from autotune.experiment import Metrics, Status
+
+    attrs = trial.user_attrs
+    if _recorded(trial):
+        return ExperimentResult.from_dict(record_of(trial))
+    status = attrs.get("status")
+    if status is not None and status not in {s.value for s in Status}:
+        status = Status.error.value
+    steps = trial.intermediate_values
+    value = trial.value if trial.state is TrialState.COMPLETE else None
+    if value is None and trial.state is TrialState.PRUNED and steps and status is None:
+        value = steps[max(steps)]
+    if value is None or status not in (None, Status.ok.value):
+        error = attrs.get("error") or (status or "the trial failed")
+        return ExperimentResult(name, Status(status or Status.error.value), error=str(error))
+    metrics = Metrics.from_window(
+        [metric.step_time_s(value, batch, flops_per_step)],
+        batch,
+        flops_per_step,
+        int(attrs.get("peak_memory_bytes") or 0),
+    )
+    stopped = max(steps) if trial.state is TrialState.PRUNED else None
+    return ExperimentResult(name, Status.ok, metrics, stopped_after_steps=stopped)

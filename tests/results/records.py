@@ -5,7 +5,8 @@ from __future__ import annotations
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status, Timings
 from autotune.metric import Metric
 from autotune.results import ResultsDir
-from autotune.tuner.trials import PHASE_ATTR, REPEAT_OF_ATTR, TrialLog
+from autotune.tuner.record import finish, name_trial
+from autotune.tuner.trials import PHASE_ATTR, REPEAT_OF_ATTR
 from tests.specs import job_spec
 
 FINGERPRINT = {"tuned": {"workload": "gpt", "world_size": 2}, "versions": {"autotune": "0"}}
@@ -52,6 +53,6 @@ def commit(
     study (the commit point), as a tuner tells it."""
     results.save(spec, result)
     study = results.study(metric, attrs={"target": spec.target, "engine": spec.engine.value})
-    log = TrialLog(study, metric)
-    log.start(result.name, {}, {}, {PHASE_ATTR: "model", REPEAT_OF_ATTR: repeat_of})
-    log.finish(result, spec.ds_config)
+    trial = study.ask()
+    name_trial(trial, {"name": result.name, PHASE_ATTR: "model", REPEAT_OF_ATTR: repeat_of})
+    finish(study, trial, result, spec.ds_config, metric)

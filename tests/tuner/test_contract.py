@@ -12,7 +12,7 @@ from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.summary_text import not_run_texts, notes, stop_text
 from autotune.tuner import Candidate, Phase, Tuner
 from autotune.tuner.ranking import TOLERANCE
-from autotune.tuner.remeasure import MAX_MEASUREMENTS
+from autotune.tuner.remeasure import MAX_MEASUREMENTS, Remeasurement
 from tests.tuner.landscape import FakeClock, Flat, Landscape, Tied, drive
 from tests.tuner.tuners import small_config, small_tuner
 
@@ -150,7 +150,7 @@ def test_a_quiet_machine_settles_the_answer_without_re_measuring_it(tuner_type: 
     checks of the machine are the only measurements taken twice."""
     tuner = small_tuner(tuner_type, num_remeasure=3)
     repeats = [c for c in drive(tuner, Landscape()) if c.repeat_of is not None]
-    control = tuner._remeasure.control()
+    control = Remeasurement(tuner.history(), tuner.space.config.autotuning).control()
     assert repeats and {c.repeat_of for c in repeats} == {control}
     summary = tuner.summary()
     assert summary.best is not None and summary.best.name != control

@@ -22,8 +22,9 @@ from autotune.config import load_config
 from autotune.experiment import ExperimentResult, Metrics, Status
 from autotune.summary_text import notes
 from autotune.tuner import Candidate, Tuner
+from autotune.tuner.busy import ARRIVED_WAIT_SHARE, QUIET_WAIT_SHARE
 from autotune.tuner.ranking import TOLERANCE
-from autotune.tuner.remeasure import ARRIVED_WAIT_SHARE, MAX_MEASUREMENTS, QUIET_WAIT_SHARE
+from autotune.tuner.remeasure import MAX_MEASUREMENTS
 from tests.tuner.landscape import MODEL
 
 STAGE_SPEED = {0: 100.0, 1: 120.0, 2: 110.0, 3: 90.0}  # samples/s at a large micro-batch

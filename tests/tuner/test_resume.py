@@ -74,7 +74,7 @@ def test_replayed_time_counts_toward_the_budget() -> None:
     record = stored_study()
     run_some(small_tuner("gridsearch", study=record()), landscape, 4)
     resumed = small_tuner("gridsearch", clock=clock, time_budget_s=65.0, study=record())
-    assert resumed.elapsed_s == 40.0
+    assert resumed.summary().tuning_time_s == 40.0
     # 25 s left: one more search experiment, then a re-measurement of the best (10 s each).
     assert [c.repeat_of is None for c in drive(resumed, landscape, clock=clock)] == [True, False]
 
@@ -99,7 +99,7 @@ def test_a_trial_the_kill_left_before_it_was_named_is_failed_and_taken_by_nothin
     trials = record().trials
     orphans = [t for t in trials if "name" not in t.user_attrs]
     assert [t.state for t in orphans] == [TrialState.FAIL, TrialState.FAIL]
-    assert all(t.user_attrs["abandoned"] for t in orphans)
+    assert orphans[1].user_attrs["abandoned"]  # the queued one (a running one keeps none)
     named = [t for t in trials if "name" in t.user_attrs]
     assert [t.user_attrs["name"] for t in named] == whole
     assert all(t.state.is_finished() for t in named)

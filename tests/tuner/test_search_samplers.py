@@ -1,6 +1,6 @@
 """Every tuner is an Optuna sampler of the run's study: the search's proposals are trials the
-study's sampler sampled, re-measurements trials with fixed parameters; and any Optuna sampler
-the user passes searches in its place, its unrunnable suggestions told FAIL, unrun."""
+study's sampler sampled, re-measurements trials queued with fixed parameters; and any Optuna
+sampler the user passes searches in its place, its unrunnable suggestions told FAIL, unrun."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.tuner.search import Search
+from autotune.tuner.samplers import StudySampler
 from autotune.tuner.trials import NOT_RUN_ATTR
 from tests.tuner.landscape import Landscape, drive
 from tests.tuner.tuners import TUNERS, small_tuner
@@ -21,7 +21,7 @@ def test_the_search_is_the_studys_sampler_and_every_experiment_its_trial(
     tuner = small_tuner(tuner_type, num_remeasure=2)
     asked = drive(tuner, Landscape(noise=0.1))
     study = tuner.study
-    assert isinstance(study.sampler, Search) and isinstance(
+    assert isinstance(study.sampler, StudySampler) and isinstance(
         study.sampler, optuna.samplers.BaseSampler
     )
     trials = study.trials

@@ -8,7 +8,8 @@ import pytest
 
 from autotune.config import load_config
 from autotune.tuner import Tuner, build_space, candidate_name
-from autotune.tuner.space import default_knobs, micro_batch_sizes, size_grid
+from autotune.tuner.knob_grid import default_knobs, size_grid
+from autotune.tuner.space import micro_batch_sizes
 from tests.tuner.landscape import MODEL
 
 Z = "zero_optimization."

@@ -4,13 +4,13 @@ process that corrects the model near what was measured (:mod:`.residuals`), and 
 of what to measure next and when nothing left is worth it (:mod:`.search`)."""
 
 from autotune.tuner.model_search.index import Key, Knobs, SpaceIndex, accumulation_steps, step_shape
-from autotune.tuner.model_search.search import (
+from autotune.tuner.model_search.scored import (
     MIN_FIT_PROBABILITY,
-    ModelSearch,
     Scored,
     metric_log,
     worth_measuring,
 )
+from autotune.tuner.model_search.search import ModelSearch
 
 __all__ = [
     "MIN_FIT_PROBABILITY",

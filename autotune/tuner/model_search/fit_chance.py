@@ -17,7 +17,8 @@ import numpy as np
 
 from autotune.experiment import Status
 from autotune.tuner.cost_model import normal_cdf
-from autotune.tuner.ledger import Ledger
+from autotune.tuner.history import History
+from autotune.tuner.memory import MemoryEstimate
 from autotune.tuner.model_search.index import Knobs, SpaceIndex
 from autotune.tuner.space import Variant
 
@@ -30,11 +31,11 @@ MEMORY_SD_TRANSFERRED = 0.15
 
 
 class FitChance:
-    """What the results in ``ledger`` say of where memory ends, for the configurations of
+    """What the results in ``history`` say of where memory ends, for the configurations of
     ``index``."""
 
-    def __init__(self, ledger: Ledger, index: SpaceIndex) -> None:
-        self._ledger = ledger
+    def __init__(self, history: History, index: SpaceIndex) -> None:
+        self._history = history
         self._index = index
 
     def probabilities(self, indices: list[int]) -> np.ndarray:
@@ -42,8 +43,8 @@ class FitChance:
         ok: dict[Variant, list[int]] = {}
         ooms: dict[tuple[Variant, Knobs], list[int]] = {}
         peaks: dict[Variant, list[tuple[int, int]]] = {}
-        for name, result in self._ledger.results.items():
-            entry = self._ledger.entries.get(name)
+        for name, result in self._history.results.items():
+            entry = self._history.entries.get(name)
             if entry is None:
                 continue
             size = entry.micro_batch_size
@@ -98,13 +99,19 @@ class FitChance:
         """Whether ``variant`` holds no more memory than ``other`` at micro-batch ``size``: by
         the estimates where there are (a stage's buffers can outweigh what it shards on a
         small model), else a higher stage up to 2 with the optimizer offloaded alike."""
-        mine, theirs = self._index.plans[variant].estimate, self._index.plans[other].estimate
+        mine, theirs = self._estimate(variant), self._estimate(other)
         if mine is not None and theirs is not None:
             return mine.bytes_at(size) <= theirs.bytes_at(size)
         return (
             variant.offload_optimizer == other.offload_optimizer
             and other.stage < variant.stage <= 2
         )
+
+    def _estimate(self, variant: Variant) -> MemoryEstimate | None:
+        """The memory estimate of ``variant`` (None: none, or a variant the space no longer
+        searches, measured before the model's size was known)."""
+        plan = self._index.plans.get(variant)
+        return plan.estimate if plan is not None else None
 
     def _boundary(
         self, variant: Variant, peaks: Mapping[Variant, list[tuple[int, int]]]
@@ -128,7 +135,7 @@ class FitChance:
         ratios = [
             peak / other_estimate.bytes_at(size)
             for other, measured in peaks.items()
-            if (other_estimate := self._index.plans[other].estimate) is not None
+            if (other_estimate := self._estimate(other)) is not None
             for size, peak in measured[-1:]
             if other_estimate.bytes_at(size) > 0
         ]

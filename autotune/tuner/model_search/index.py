@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from autotune.config import Config
-from autotune.tuner.catalog import Catalog
 from autotune.tuner.cost_model import ModelShape, StepShape, Topology, step_counts
 from autotune.tuner.space import TuningSpace, Variant, VariantPlan
+
+if TYPE_CHECKING:
+    from autotune.tuner.search_space import SearchSpace
 
 Knobs = tuple[tuple[str, Any], ...]
 Key = tuple[Variant, int, Knobs]
@@ -72,6 +74,7 @@ class SpaceIndex:
         index: name → position.
         groups: (variant, knobs) → the positions of its micro-batches, ascending.
         buffers: (variant, knobs) → the elements its communication buffers hold.
+        base: the config's own value at every key a configuration may set.
         samples: each configuration's samples a step (all ranks).
         rows: each configuration's counts for the cost model (None: the model is unknown).
     """
@@ -84,12 +87,13 @@ class SpaceIndex:
     buffers: dict[tuple[Variant, Knobs], float]
     samples: np.ndarray
     rows: np.ndarray | None
+    base: dict[str, Any]
 
     @classmethod
     def build(
         cls,
         config: Config,
-        catalog: Catalog,
+        search: SearchSpace,
         space: TuningSpace,
         model: ModelShape | None,
         topology: Topology,
@@ -104,7 +108,7 @@ class SpaceIndex:
                 for size in plan.ladder:
                     keys.append((plan.variant, size, knobs))
                     shapes.append(step_shape(config, values, plan.variant, size))
-        names = [catalog.name_of(*key) for key in keys]
+        names = [search.name_of(search.entry_at(*key)) for key in keys]
         groups: dict[tuple[Variant, Knobs], list[int]] = {}
         for i, (variant, _, knobs) in enumerate(keys):
             groups.setdefault((variant, knobs), []).append(i)
@@ -128,6 +132,7 @@ class SpaceIndex:
                 if model is not None and shapes
                 else None
             ),
+            base=dict(space.base),
         )
 
 

@@ -21,15 +21,13 @@ configurations and what the model counts of each: :mod:`autotune.tuner.model_sea
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Sequence
 
 import numpy as np
 
 from autotune.config import Config, Metric
 from autotune.experiment import ExperimentResult
 from autotune.tuner.bounds import Bounds
-from autotune.tuner.catalog import Catalog
 from autotune.tuner.cost_model import (
     CostModel,
     ModelShape,
@@ -38,11 +36,9 @@ from autotune.tuner.cost_model import (
     Topology,
     expected_improvement,
     fit,
-    prior_for,
     step_counts,
 )
-from autotune.tuner.hardware import Hardware
-from autotune.tuner.ledger import Entry, Ledger
+from autotune.tuner.history import Entry, History
 from autotune.tuner.model_search.fit_chance import FitChance
 from autotune.tuner.model_search.index import (
     Key,
@@ -52,13 +48,15 @@ from autotune.tuner.model_search.index import (
     step_shape,
 )
 from autotune.tuner.model_search.residuals import Residuals
-from autotune.tuner.ranking import TOLERANCE, Ranked
-from autotune.tuner.space import TuningSpace, Variant
+from autotune.tuner.model_search.scored import (
+    MIN_FIT_PROBABILITY,
+    FitCache,
+    Scored,
+    worth_measuring,
+)
+from autotune.tuner.ranking import Ranked
+from autotune.tuner.space import Variant
 
-# The upper end of a prediction the stopping rule looks at: one-sided 90%.
-OPTIMISM_Z = 1.28
-# Configurations less likely than this to fit are not worth waiting for.
-MIN_FIT_PROBABILITY = 0.25
 # The share of device memory under which a step may slow down as the allocator retries.
 EDGE_SHARE = 0.05
 # A measurement taken while the machine was busy, or cut short as a loser, says less.
@@ -66,89 +64,49 @@ DISTURBED_NOISE_SCALE = 3.0
 STOPPED_NOISE_SCALE = 1.5
 
 
-@dataclass(frozen=True)
-class Scored:
-    """A configuration not yet measured, as the model sees it now.
-
-    Attributes:
-        name: its name.
-        key: its variant, micro-batch and knobs.
-        mean: the predicted metric's log, oriented so that higher is better.
-        sd: the prediction's standard deviation (constants, misfit).
-        fit_probability: the chance that it fits in memory.
-        gain: the predicted log of how much better than the best measured it is (its
-            prediction less the model's for the best measured, both corrected by what ran).
-        gain_sd: that difference's standard deviation: small between near neighbours,
-            whose errors go together.
-    """
-
-    name: str
-    key: Key
-    mean: float
-    sd: float
-    fit_probability: float
-    gain: float = 0.0
-    gain_sd: float = 0.0
-
-    @property
-    def optimistic_gain(self) -> float:
-        """The upper end of how much better than the best measured it could be (the log of
-        the ratio, one-sided 90%)."""
-        return self.gain + OPTIMISM_Z * self.gain_sd
-
-
-def metric_log(metric: Metric, value: float) -> float:
-    """The log of a metric's value, oriented so that higher is better."""
-    return -math.log(value) if metric.lower_is_better else math.log(value)
-
-
 class ModelSearch:
-    """The ``model_based`` search over the catalog's space (see the module docstring).
+    """The ``model_based`` search over the configurations of ``index`` (see the module
+    docstring), on what ``history`` holds.
 
     Args:
         config: the user's config (precision, world size, batch rules).
-        catalog: the configurations by name (the space searched now).
-        ledger: what the tuner has seen.
+        index: the configurations of the space searched now, built once per space
+            (:meth:`SpaceIndex.build`).
+        history: what the study says of the run.
         bounds: what failures prune.
-        hardware: the datasheet the constants start from.
-        ranks_per_node: ranks sharing a node's links.
-        model: the workload's size and FLOPs (None: unknown yet; see :meth:`use_space`).
-        prior: where the constants start (None: the datasheet's, :func:`prior_for`).
+        topology: the ranks, their nodes, the precision.
+        prior: where the constants start.
+        model: the workload's size and FLOPs (None: unknown yet).
+        fits: fitted cost models, kept across decisions (None: none kept).
+        excluded: configurations that may not run (they break a config rule).
+        ruled_out: the labels of variants none of whose configurations runs.
     """
 
     def __init__(
         self,
         config: Config,
-        catalog: Catalog,
-        ledger: Ledger,
+        index: SpaceIndex,
+        history: History,
         bounds: Bounds,
-        hardware: Hardware,
-        ranks_per_node: int,
+        topology: Topology,
+        prior: Prior,
         model: ModelShape | None,
-        prior: Prior | None = None,
+        fits: FitCache | None = None,
+        excluded: Container[str] = (),
+        ruled_out: Container[str] = (),
     ) -> None:
         self._config = config
-        self._catalog = catalog
-        self._ledger = ledger
+        self._index = index
+        self._history = history
         self._bounds = bounds
         self._metric: Metric = config.autotuning.metric
-        data_parallel = max(1, config.world_size // config.autotuning.mp_size)
-        self.topology = Topology(
-            data_parallel, min(ranks_per_node, data_parallel), config.precision
-        )
-        # What earlier runs on this hardware fitted, where there is that; else the datasheet.
-        self.prior = prior or prior_for(hardware, self.topology)
+        self.topology = topology
+        self.prior = prior
         self._model = model
-        self._fitted: tuple[int, CostModel] | None = None
-        self.use_space(catalog.space, model)
-
-    def use_space(self, space: TuningSpace, model: ModelShape | None) -> None:
-        """Search ``space`` from now on (the model's size learnt: the estimates changed)."""
-        self._model = model
-        self._space = space
-        self._index = SpaceIndex.build(self._config, self._catalog, space, model, self.topology)
-        self._chance = FitChance(self._ledger, self._index)
-        self._fitted = None
+        self._fits = fits or FitCache()
+        self._excluded = excluded
+        self._ruled_out = ruled_out
+        self._chance = FitChance(history, index)
 
     def __contains__(self, name: object) -> bool:
         return name in self._index.index
@@ -165,18 +123,17 @@ class ModelSearch:
         not known yet); refitted once a result came in."""
         if self._model is None:
             return None
-        count = len(self._ledger.results)
-        if self._fitted is None or self._fitted[0] != count:
-            self._fitted = (count, fit(self._observations(), self.prior))
-        return self._fitted[1]
+        return self._fits.get(
+            tuple(self._history.order), lambda: fit(self._observations(), self.prior)
+        )
 
     def _measurements(self) -> list[tuple[str, Entry, float, float]]:
         """Every step time measured ok of a configuration the search knows: its name, its
         entry, the seconds per step and how much to trust it (1: a quiet, whole window)."""
         measurements = []
-        for name, result in self._ledger.results.items():
-            base = self._ledger.config_of(name)
-            entry = self._ledger.entries.get(base)
+        for name, result in self._history.results.items():
+            base = self._history.config_of(name)
+            entry = self._history.entries.get(base)
             if entry is None or not result.ok or result.metrics is None:
                 continue
             scale = DISTURBED_NOISE_SCALE if result.metrics.disturbed else 1.0
@@ -199,7 +156,7 @@ class ModelSearch:
 
     def _counts(self, entry: Entry) -> list[float]:
         assert self._model is not None
-        values = {**self._space.base, **dict(entry.knobs)}
+        values = {**self._index.base, **dict(entry.knobs)}
         shape = step_shape(self._config, values, entry.variant, entry.micro_batch_size)
         return step_counts(self._model, shape, self.topology)
 
@@ -208,7 +165,7 @@ class ModelSearch:
     def open_indices(self) -> list[int]:
         """The configurations that may still run: neither run nor in flight, not pruned, and
         below any micro-batch that ran out of memory (same variant and knobs) or out of data."""
-        ruled_out = self._ledger.ruled_out_variants
+        ruled_out = self._ruled_out
         data = self._bounds.data_ceiling_size()
         result = []
         for (variant, knobs), indices in self._index.groups.items():
@@ -221,7 +178,7 @@ class ModelSearch:
                 name = self._index.names[i]
                 if ceiling is not None and self._index.keys[i][1] >= ceiling:
                     continue
-                if self._ledger.may_propose(name):
+                if self._history.is_free(name) and name not in self._excluded:
                     result.append(i)
         return result
 
@@ -246,7 +203,7 @@ class ModelSearch:
         mean = self._metric_log(self._index.samples[idx], log_latency)
         gain, gain_sd = np.zeros(len(indices)), sd
         if best is not None:
-            entry = self._ledger.entries[best.name]
+            entry = self._history.entries[best.name]
             key = (entry.variant, entry.micro_batch_size, entry.knobs)
             row = np.array([self._counts(entry)])
             best_log, best_jac = model.gradients(row)
@@ -322,9 +279,9 @@ class ModelSearch:
         the search (a noisy first measurement misleads the fit, and an unmeasured stage is
         the model's least certain guess)."""
         measured = {
-            self._ledger.entries[name].variant
-            for name, result in self._ledger.results.items()
-            if result.ok and name in self._ledger.entries
+            self._history.entries[name].variant
+            for name, result in self._history.results.items()
+            if result.ok and name in self._history.entries
         }
         uncovered = [
             s
@@ -349,8 +306,8 @@ class ModelSearch:
         latency): every cost it counts falls per sample as the micro-batch grows, so such a
         one can beat what was measured only by noise, and measuring that again says more."""
         measured: dict[tuple[Variant, Knobs], list[int]] = {}
-        for name, result in self._ledger.results.items():
-            entry = self._ledger.entries.get(name)
+        for name, result in self._history.results.items():
+            entry = self._history.entries.get(name)
             if entry is None or not result.ok or self._at_the_edge(entry.variant, result):
                 continue
             measured.setdefault((entry.variant, entry.knobs), []).append(entry.micro_batch_size)
@@ -420,12 +377,3 @@ class ModelSearch:
                 )
             )
         return measured
-
-
-def worth_measuring(candidates: Sequence[Scored]) -> bool:
-    """Whether any candidate likely to fit could still beat the best measured by more than
-    the tolerance."""
-    line = math.log(1.0 + TOLERANCE)
-    return any(
-        s.optimistic_gain > line for s in candidates if s.fit_probability >= MIN_FIT_PROBABILITY
-    )

@@ -1,154 +1,140 @@
-"""What every search shares: the tuner's state it reads (:class:`SearchContext`) and the
-interface the tuner drives it through (:class:`Search`), which is also Optuna's
-``BaseSampler``: a search is the sampler of the run's study.
+"""What every search shares: what it reads (:class:`SearchContext`, built from the study for
+one decision), what it answers (:class:`Decision`), and what it saw on the way
+(:class:`Trace`, for the summary's "not run").
 
-The tuner asks the search for the next configuration of its phase (:meth:`Search.next`),
-makes the experiment, then asks the study for its trial: Optuna calls the study's sampler,
-the search, whose relative sampling hands it that configuration's parameters
-(:meth:`Search.propose` set them). A search decides from the whole run's state (every trial,
-the bounds failures set, what is in flight), which it reads from the tuner rather than
-rebuilding it from the study at each ask; re-measurements and experiments an interrupted run
-left are the tuner's, asked with fixed parameters.
+A search is a walk over its phases from the first, on what the study holds: a phase that
+has nothing more to propose and nothing in flight has ended (early stopping, the cost
+model's word, or all it had), and the walk goes on to the next; the first phase with
+something to propose proposes it, one whose next proposal needs a result in flight waits.
+Nothing is kept between decisions but caches of what was computed from the same trials, so
+the walk of a resumed run, or of another process on the same storage, decides alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import optuna
-
-from autotune.config import Config
-from autotune.experiment import ExperimentResult
+from autotune.config import AutotuningConfig, TunerType
 from autotune.tuner.bounds import Bounds
-from autotune.tuner.candidate import Phase
+from autotune.tuner.candidate import Decision, Phase
 from autotune.tuner.catalog import Catalog
-from autotune.tuner.ledger import Ledger
+from autotune.tuner.history import History
 from autotune.tuner.probe import SizeSearch
-from autotune.tuner.reasons import NotRunKind, NotRunReason, StopReason
-from autotune.tuner.remeasure import Remeasurement
+from autotune.tuner.reasons import NotRunKind, NotRunReason, StopKind, StopReason
 from autotune.tuner.stopping import Stopping
 
 if TYPE_CHECKING:
-    from optuna.distributions import BaseDistribution
-    from optuna.study import Study
-    from optuna.trial import FrozenTrial
+    from collections.abc import Iterable
 
     from autotune.profiling.model_info import ModelInfo
+    from autotune.tuner.search_space import SearchSpace
     from autotune.tuner.space import TuningSpace
 
 
-@dataclass(frozen=True)
+@dataclass
+class Trace:
+    """What a walk saw: each phase that ended, with the configurations it considered and
+    why it ended (None: it ran all it had), where it stopped, and why variants have nothing
+    that ran ok."""
+
+    ended: list[tuple[Phase, tuple[str, ...], StopReason | None]] = field(default_factory=list)
+    current: tuple[Phase, tuple[str, ...]] | None = None
+    variants: dict[str, NotRunReason] = field(default_factory=dict)
+    reason: StopReason | None = None
+
+    def begin(self) -> None:
+        """A phase with something to do begins: it ends for its own reason."""
+        self.reason = None
+
+    def end(self, phase: Phase, points: Iterable[str], reason: StopReason | None) -> None:
+        self.ended.append((phase, tuple(points), reason))
+        if reason is not None:
+            self.reason = reason
+
+    def stopped(self) -> StopReason:
+        """Why the search ended: the last limit a phase reached, else it ran all it had."""
+        return self.reason or StopReason(StopKind.exhausted)
+
+
+@dataclass
 class SearchContext:
-    """The tuner's state a search reads (and registers configurations in).
+    """What one decision reads, built from the study (:meth:`build`).
 
     Attributes:
-        config: the user's config.
-        ledger: what the tuner has seen.
+        search: the search space.
+        history: what the study says of the run.
+        space: the variants searched now (with the model's size where it is known).
+        tuning: the ``autotuning`` section, with the sampler's tuner type and seed.
+        model_info: the model's sizes (None: not known yet).
         catalog: the configurations by name.
         bounds: what failures prune.
-        remeasure: re-measurement (the control, the leader's confirmation).
-        stopping: when the search ends (early stopping, the trial cap).
+        stopping: the rules that end a phase.
         sizes: the search for each variant's largest micro-batch.
+        trace: what the walk saw.
     """
 
-    config: Config
-    ledger: Ledger
+    search: SearchSpace
+    history: History
+    space: TuningSpace
+    tuning: AutotuningConfig
+    model_info: ModelInfo | None
     catalog: Catalog
     bounds: Bounds
-    remeasure: Remeasurement
     stopping: Stopping
     sizes: SizeSearch
+    trace: Trace
 
-
-class Search(optuna.samplers.BaseSampler):
-    """A tuner type's search: its phases and, in each, the next configuration to measure;
-    and, as the study's sampler, the trial's parameters of the one proposed.
-
-    Subclasses say what :attr:`phases` they search in and implement :meth:`next`.
-    """
-
-    phases: tuple[Phase, ...] = ()
-
-    def __init__(self, context: SearchContext) -> None:
-        self.context = context
-        self._proposal: tuple[dict[str, Any], dict[str, BaseDistribution]] | None = None
-
-    # --- the tuner's side ---------------------------------------------------------------------
-
-    def begin(self, phase: Phase) -> None:
-        """``phase`` starts (the one before it ended)."""
-
-    def next(self, phase: Phase) -> str | None:
-        """The configuration ``phase`` wants measured next; None: nothing now (waiting for a
-        result in flight, or nothing left)."""
-        raise NotImplementedError
-
-    def patience(self, phase: Phase) -> Container[str] | None:
-        """The configurations of ``phase`` early stopping counts (None: it does not apply)."""
-        return None
-
-    def points(self, phase: Phase) -> Iterable[str]:
-        """The configurations ``phase`` considered that may still run: those left unrun when
-        it ends are noted as not reached."""
-        return ()
-
-    def tell(self, result: ExperimentResult) -> None:
-        """A result came in (any experiment's)."""
-
-    def drop(self, name: str) -> None:
-        """``name`` will never run (a rule rejects it, or the time left is too short)."""
-
-    def end(self, phase: Phase) -> None:
-        """``phase`` ended."""
-
-    def not_measured(self, stop: StopReason | None) -> dict[str, NotRunReason]:
-        """What the search, once over, left unmeasured and why (beyond what the ledger says)."""
-        return {}
-
-    def learn_model(self, space: TuningSpace, model_info: ModelInfo) -> None:
-        """The workload's size is known now (a script's, measured): ``space`` is searched."""
-
-    # --- Optuna's side ------------------------------------------------------------------------
-
-    def propose(self, params: Mapping[str, Any], distributions: Mapping[str, Any]) -> None:
-        """The next trial the study asks is the configuration with ``params``."""
-        self._proposal = (dict(params), dict(distributions))
-
-    def infer_relative_search_space(
-        self, study: Study, trial: FrozenTrial
-    ) -> dict[str, BaseDistribution]:
-        return dict(self._proposal[1]) if self._proposal is not None else {}
-
-    def sample_relative(
-        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
-    ) -> dict[str, Any]:
-        if self._proposal is None:
-            return {}
-        params, self._proposal = self._proposal[0], None
-        return {name: value for name, value in params.items() if name in search_space}
-
-    def sample_independent(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
-    ) -> Any:
-        raise RuntimeError(
-            f"{type(self).__name__} samples the configuration the tuner proposed, and "
-            f"{param_name!r} is not part of it: ask trials of this study through its Tuner"
+    @classmethod
+    def build(
+        cls, search: SearchSpace, history: History, tuner_type: TunerType, seed: int
+    ) -> SearchContext:
+        tuning = search.config.autotuning.model_copy(
+            update={"tuner_type": tuner_type, "seed": seed}
+        )
+        model_info = search.model(history)
+        space = search.plan(history)
+        bounds = Bounds(history)
+        catalog = Catalog(history, bounds, space, search)
+        trace = Trace()
+        for label, why in space.pruned.items():
+            trace.variants[label] = NotRunReason(NotRunKind.variant_rule, (why,))
+        return cls(
+            search,
+            history,
+            space,
+            tuning,
+            model_info,
+            catalog,
+            bounds,
+            Stopping(history, tuning, bounds),
+            SizeSearch(catalog, history, bounds, tuning, model_info),
+            trace,
         )
 
+    def note_unsearched_variants(self) -> None:
+        """Why each variant with nothing that ran ok has none: never run is not the same as
+        nothing fits (the search can end before it)."""
+        history, metric = self.history, self.tuning.metric
+        ran = {entry.variant for name, entry in history.entries.items() if name in history.results}
+        for plan in self.space.plans:
+            if history.best_score(plan.variant, metric) is not None:
+                continue
+            kind = NotRunKind.none_fit if plan.variant in ran else NotRunKind.not_searched
+            self.trace.variants.setdefault(plan.variant.label, NotRunReason(kind))
 
-def note_unsearched_variants(context: SearchContext) -> None:
-    """Why each variant with nothing that ran ok has none: never run is not the same as
-    nothing fits (the trial cap or the time budget can end the search before it)."""
-    ledger, metric = context.ledger, context.config.autotuning.metric
-    ran = {entry.variant for name, entry in ledger.entries.items() if name in ledger.results}
-    for plan in context.catalog.space.plans:
-        if ledger.best_score(plan.variant, metric) is not None:
-            continue
-        kind = NotRunKind.none_fit if plan.variant in ran else NotRunKind.not_searched
-        ledger.rule_out_variant(plan.variant.label, NotRunReason(kind), replace_reason=False)
+
+class Search:
+    """A tuner type's search: its phases, walked on one decision's context."""
+
+    phases: tuple[Phase, ...] = ()
+    tuner_type: TunerType
+
+    def decide(self, context: SearchContext) -> Decision:
+        """What to measure next, or wait, or why the search is over."""
+        raise NotImplementedError
+
+    def not_measured(self, context: SearchContext) -> dict[str, int]:
+        """Once the search is over: per variant, the configurations it left unmeasured for
+        its own reason, beyond those its phases considered (``model_based``'s)."""
+        return {}

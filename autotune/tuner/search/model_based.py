@@ -10,16 +10,16 @@ runs' answers (:class:`~autotune.tuner.warm_start.WarmStart`) are measured first
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.tuner.candidate import Phase
-from autotune.tuner.cost_model import CostModel, ModelShape
-from autotune.tuner.hardware import Hardware
-from autotune.tuner.model_search import ModelSearch
-from autotune.tuner.reasons import NotRunKind, NotRunReason, StopReason
-from autotune.tuner.remeasure import CONTROL_AT_END
-from autotune.tuner.search.base import Search, SearchContext, note_unsearched_variants
+from autotune.config import TunerType
+from autotune.tuner.candidate import Decision, DecisionKind, Phase
+from autotune.tuner.cost_model import ModelShape, Prior, Topology, prior_for
+from autotune.tuner.hardware import CPU_RANK, Hardware
+from autotune.tuner.model_search import ModelSearch, SpaceIndex
+from autotune.tuner.model_search.scored import FitCache
+from autotune.tuner.search.base import Search, SearchContext
 from autotune.tuner.warm_start import WarmStart
 
 if TYPE_CHECKING:
@@ -31,116 +31,123 @@ class ModelBasedSearch(Search):
     """The cost model's search (see the module docstring).
 
     Args:
-        context: the tuner's state.
-        hardware: the datasheet the constants start from.
-        ranks_per_node: ranks that share a node's links.
-        model_info: the workload's sizes (None: not known yet).
-        warm_start: what earlier runs on the same hardware taught.
+        hardware: the datasheet the constants start from (default: CPU ranks).
+        ranks_per_node: ranks that share a node's links (default: all of them).
+        warm_start: what earlier runs on the same hardware taught: their fitted constants
+            as the prior, their answers measured first.
     """
 
     phases = (Phase.model,)
+    tuner_type = TunerType.model_based
 
     def __init__(
         self,
-        context: SearchContext,
-        hardware: Hardware,
-        ranks_per_node: int,
-        model_info: ModelInfo | None,
+        hardware: Hardware | None = None,
+        ranks_per_node: int | None = None,
         warm_start: WarmStart | None = None,
     ) -> None:
-        super().__init__(context)
-        self.model = ModelSearch(
-            context.config,
-            context.catalog,
-            context.ledger,
-            context.bounds,
-            hardware,
-            ranks_per_node,
-            model_shape(model_info),
-            warm_start.prior() if warm_start is not None else None,
+        self.hardware = hardware or CPU_RANK
+        self.ranks_per_node = ranks_per_node
+        self._prior: Prior | None = warm_start.prior() if warm_start is not None else None
+        self._answers: tuple[Mapping[str, Any], ...] = (
+            warm_start.answers if warm_start is not None else ()
         )
-        # Earlier runs' answers, measured first where the space holds them, each once.
-        self._answers: list[Mapping[str, Any]] = (
-            list(warm_start.answers) if warm_start is not None else []
+        self._indices: dict[int, SpaceIndex] = {}  # by the space searched (its id)
+        self._fits = FitCache()
+
+    def decide(self, context: SearchContext) -> Decision:
+        search = self.model_search(context)
+        phase = Phase.model
+        name, confirm = self._next(context, search)
+        if name is not None:
+            context.trace.current = (phase, ())
+            return Decision.propose(context.history.entries[name], name, phase)
+        if context.history.pending:
+            context.trace.current = (phase, ())
+            return Decision(DecisionKind.wait, phase)
+        context.trace.end(phase, (), context.stopping.phase_end(phase, search))
+        context.note_unsearched_variants()
+        return Decision(
+            DecisionKind.end, phase, stop=context.trace.stopped(), confirm_leader=confirm
         )
 
-    def next(self, phase: Phase) -> str | None:
-        """What an interrupted run had running, then earlier runs' answers, then the cost
-        model's pick (before the workload's size is known, the next size of the memory
-        search)."""
-        context, search = self.context, self.model
-        catalog, ledger = context.catalog, context.ledger
-        for name in ledger.owed():
-            key = search.key_of(name)
-            if key is not None:
-                catalog.register(*key)
-                return name
-            if name in catalog.size_names:
-                catalog.register_size_run(name)
-                return name
-        if context.stopping.patience_spent(phase, search):
-            return None
-        if (answer := self._next_answer()) is not None:
-            return answer
+    def _next(self, context: SearchContext, search: ModelSearch) -> tuple[str | None, bool]:
+        """The next configuration: earlier runs' answers, then the cost model's pick (before
+        the workload's size is known, the next size of the memory search); and, where none,
+        whether the model found nothing that could beat the leader as measured."""
+        history, catalog = context.history, context.catalog
+        if context.stopping.patience_spent(Phase.model, search):
+            return None, False
+        if (answer := self._next_answer(context, search)) is not None:
+            return answer, False
         if search.fitted() is None:
-            return context.sizes.next()
-        ranking = ledger.ranked(ledger.results.values(), context.config.autotuning.metric)
-        chosen = search.next(ranking[0] if ranking else None)
-        if chosen is None and ledger.pending:
-            return None  # what is in flight may still change the model's mind
-        if chosen is None:
-            # Nothing beats the best on its one measurement, perhaps a lucky one: the control
-            # first if it is due (the noise it shows decides the rest), then the best again
-            # if a second measurement could change the answer; the model then decides again.
-            remeasure = context.remeasure
-            return remeasure.control_due(
-                ledger.is_undecided, every=CONTROL_AT_END
-            ) or remeasure.confirmation(ledger.is_undecided)
-        key = search.key_of(chosen)
-        assert key is not None
-        catalog.register(*key)
-        return chosen
+            return context.sizes.next(), False
+        ranking = history.ranking(context.tuning.metric)
+        while (chosen := search.next(ranking[0] if ranking else None)) is not None:
+            key = search.key_of(chosen)
+            assert key is not None
+            catalog.register(*key)  # known from now on: one that breaks a rule is excluded
+            if catalog.breaks_rule(chosen) is None:
+                return chosen, False
+        return None, True
 
-    def _next_answer(self) -> str | None:
-        """The next earlier answer this space holds and that may run."""
-        catalog = self.context.catalog
-        space = catalog.space
-        while self._answers:
-            answer = self._answers.pop(0)
-            name = space.name({**space.fixed, **answer})
-            key = self.model.key_of(name)
-            if key is not None and catalog.is_open(catalog.register(*key)):
+    def _next_answer(self, context: SearchContext, search: ModelSearch) -> str | None:
+        """The first earlier answer this space holds that may run."""
+        catalog, space = context.catalog, context.space
+        for answer in self._answers:
+            key = search.key_of(space.name({**space.fixed, **answer}))
+            if key is not None and catalog.is_open(name := catalog.register(*key)):
                 return name
         return None
 
-    def patience(self, phase: Phase) -> Container[str] | None:
-        return self.model
+    def model_search(self, context: SearchContext) -> ModelSearch:
+        """The cost model's search on ``context`` (its index built once per space)."""
+        config = context.search.config
+        data_parallel = max(1, config.world_size // config.autotuning.mp_size)
+        ranks_per_node = self.ranks_per_node or config.world_size
+        topology = Topology(data_parallel, min(ranks_per_node, data_parallel), config.precision)
+        model = model_shape(context.model_info)
+        index = self._index(context, context.space, model, topology)
+        return ModelSearch(
+            config,
+            index,
+            context.history,
+            context.bounds,
+            topology,
+            self._prior or prior_for(self.hardware, topology),
+            model,
+            self._fits,
+            excluded=_Rejected(context),
+            ruled_out=context.trace.variants,
+        )
 
-    def end(self, phase: Phase) -> None:
-        note_unsearched_variants(self.context)
+    def _index(
+        self,
+        context: SearchContext,
+        space: TuningSpace,
+        model: ModelShape | None,
+        topology: Topology,
+    ) -> SpaceIndex:
+        if id(space) not in self._indices:
+            self._indices[id(space)] = SpaceIndex.build(
+                context.search.config, context.search, space, model, topology
+            )
+        return self._indices[id(space)]
 
-    def not_measured(self, stop: StopReason | None) -> dict[str, NotRunReason]:
-        """One line per variant: the configurations the model says cannot beat the best."""
-        return {
-            f"{label}: {count} configurations": NotRunReason(NotRunKind.not_measured, stop=stop)
-            for label, count in self.model.unmeasured().items()
-        }
+    def not_measured(self, context: SearchContext) -> dict[str, int]:
+        """Per variant, the configurations the model left unmeasured (it says they cannot
+        beat the best)."""
+        return self.model_search(context).unmeasured()
 
-    def known(self, name: str) -> None:
-        """A configuration the cost model proposed, told from history, known by its key."""
-        if name not in self.context.ledger.entries:
-            key = self.model.key_of(name)
-            if key is not None:
-                self.context.catalog.register(*key)
 
-    def learn_model(self, space: TuningSpace, model_info: ModelInfo) -> None:
-        self.model.use_space(space, model_shape(model_info))
+class _Rejected:
+    """The configurations the model may not measure: those that break a config rule."""
 
-    def fitted(self) -> CostModel | None:
-        return self.model.fitted()
+    def __init__(self, context: SearchContext) -> None:
+        self._catalog = context.catalog
 
-    def predicted(self, names: Sequence[str]) -> dict[str, float]:
-        return self.model.predicted(names)
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._catalog.breaks_rule(name) is not None
 
 
 def model_shape(model_info: ModelInfo | None) -> ModelShape | None:
