@@ -21,6 +21,7 @@ from autotune.tuning import EventKind
 if TYPE_CHECKING:
     from autotune.planning import Plan
     from autotune.tuner import TuningSummary
+    from autotune.tuner.plan import PlannedConfig
     from autotune.tuner.reasons import NotRunReason, Unrun
     from autotune.tuning import TuningEvent, TuningReport
 
@@ -290,3 +291,24 @@ def print_plan(planned: Plan, top: int = PLAN_ROWS) -> None:
             "yes" if row.fits else "no",
         )
     console.print(table)
+    for line in plan_misses(rows):
+        print_line(console, line)
+
+
+def plan_misses(rows: list[PlannedConfig]) -> list[str]:
+    """Below a plan's table: how far each configuration that does not fit is over.
+
+    Example:
+        >>> from autotune.tuner.plan import PlannedConfig
+        >>> row = PlannedConfig("z3_mbs2", 3, 2, 1, "none", 27.4, 21.0, 35.0, 4.7, 153.0,
+        ...                     90 * 2**30, False, over_bytes=18 * 2**30)
+        >>> plan_misses([row])
+        ['z3_mbs2 does not fit: 90.0 GiB, 18.0 GiB over the 72.0 GiB it may use']
+    """
+    return [
+        f"{row.name} does not fit: {format_size(row.memory_bytes)}, "
+        f"{format_size(row.over_bytes)} over the "
+        f"{format_size(row.memory_bytes - row.over_bytes)} it may use"
+        for row in rows
+        if not row.fits
+    ]

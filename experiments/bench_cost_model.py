@@ -18,7 +18,12 @@
    interval. Then the **held-out** tables, printed apart: DeepSpeed's other four
    (GPT2-medium, GPT2-xl, BERT-base, BERT-large) and the H200 landscape
    (``results/landscapes/gpu-20261127``: the built-in engine, one GPU, stages 0-3 with and
-   without checkpointing, its largest fits and its activations a sample).
+   without checkpointing, its largest fits and its activations a sample), and the memory per
+   GPU of published Llama runs (``experiments/published/llama_memory.json``: transformers'
+   LLaMA-7B on DeepSpeed ZeRO-2/3, IBM's and torchtitan's FSDP runs of Llama 2 and 3, 7B to
+   70B, with and without checkpointing, each row cited there) against the plan of
+   ``hf:llama`` in their shape: whether it fits as the run did, and the predicted memory
+   within 15% of the published where the row gives one.
 3. **GPU-shaped landscapes** (:mod:`autotune.bench.simulated`: V100 / A100 / H100 nodes of 8,
    GPT models of 0.125B to 7B, constants off the datasheet, 1.5% noise) replayed with
    ``model_based``, ``random`` and ``gridsearch``: experiments until one within 2% of the

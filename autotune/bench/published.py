@@ -1,10 +1,12 @@
 """Published multi-GPU tables (``experiments/published/``) as the cost model sees them.
 
-Two sources: DeepSpeed's autotuning runs (HF models on 16 V100s, a best throughput and
-micro-batch per ZeRO stage) and llm-foundry's MPT benchmarks (FSDP FULL_SHARD, that is ZeRO
-stage 3, on A100s and H100s). Each row becomes a configuration's counts and its measured
-step time (:class:`~autotune.tuner.calibration.CalibrationRow`); a DeepSpeed table is also a
-``plan`` request whose ranking and memory can be held against what DeepSpeed measured.
+Two sources of step times: DeepSpeed's autotuning runs (HF models on 16 V100s, a best
+throughput and micro-batch per ZeRO stage) and llm-foundry's MPT benchmarks (FSDP FULL_SHARD,
+that is ZeRO stage 3, on A100s and H100s). One of memory, held out: per-GPU memory of
+Llama-shaped ZeRO and FSDP runs (``llama_memory.json``), planned with ``hf:llama``. Each
+step-time row becomes a configuration's counts and its measured step time
+(:class:`~autotune.tuner.calibration.CalibrationRow`); a DeepSpeed table is also a ``plan``
+request whose ranking and memory can be held against what DeepSpeed measured.
 
 DeepSpeed's models are built on the meta device (their HF shapes); MPT rows are counted from
 the published shape (parameters, layers, width), as llm-foundry's own FLOP formula does.
@@ -26,6 +28,7 @@ from autotune.tuner.step_counts import ModelShape, StepShape, Topology, step_cou
 PUBLISHED = Path(__file__).resolve().parents[2] / "experiments" / "published"
 DEEPSPEED = PUBLISHED / "deepspeed_autotuning_hf.json"
 LLM_FOUNDRY = PUBLISHED / "llm_foundry_mpt.json"
+LLAMA_MEMORY = PUBLISHED / "llama_memory.json"
 # DeepSpeed's defaults in the runs (its config set none of them): buckets of 5e8 elements,
 # ZeRO-3's prefetch bucket 5e7 and persistence threshold 1e5, overlap only at stage 3.
 DEEPSPEED_BUCKET = 5e8
@@ -223,3 +226,68 @@ def calibration_rows() -> list[CalibrationRow]:
     """Every row the cost model is calibrated on."""
     rows = [row for table in deepspeed_tables("calibration") for row in deepspeed_rows(table)]
     return rows + [row.calibration_row() for row in mpt_rows("calibration")]
+
+
+@dataclass(frozen=True)
+class LlamaMemoryRow:
+    """One published Llama run's memory per GPU (see ``llama_memory.json``'s ``columns``)."""
+
+    source: str
+    model: str
+    zero_stage: int
+    shards: int
+    hardware: str
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    activation_checkpointing: bool
+    engine: str
+    memory_gib: float | None
+    fits: bool
+
+    def config(self) -> dict[str, Any]:
+        """The run as a config ``autotune plan`` reads: bf16, its stage, micro-batch,
+        accumulation and checkpointing; DeepSpeed's engine where it ran on DeepSpeed (its
+        buckets are allocated whole), else the built-in one."""
+        return {
+            "bf16": {"enabled": True},
+            "zero_optimization": {"stage": self.zero_stage},
+            "train_micro_batch_size_per_gpu": [self.micro_batch],
+            "gradient_accumulation_steps": self.grad_accum,
+            "activation_checkpointing": {"enabled": self.activation_checkpointing},
+            "autotuning": {"engine": "deepspeed" if self.engine == "deepspeed" else "builtin"},
+        }
+
+
+def llama_memory_rows() -> list[LlamaMemoryRow]:
+    """Every published Llama memory row (all held out)."""
+    data = json.loads(LLAMA_MEMORY.read_text())
+    columns = data["row_columns"]
+    return [LlamaMemoryRow(**dict(zip(columns, values, strict=True))) for values in data["rows"]]
+
+
+def llama_sources() -> dict[str, dict[str, str]]:
+    """Where each source's rows come from (``url``, ``title``, ``setting``, ``memory``)."""
+    sources: dict[str, dict[str, str]] = json.loads(LLAMA_MEMORY.read_text())["sources"]
+    return sources
+
+
+@cache
+def llama_model(model: str, seq_len: int) -> Any:
+    """The model info of ``hf:llama`` in a row's shape, built on meta in bf16 with SDPA
+    attention, its checkpointed activations measured too."""
+    import torch
+
+    from autotune.profiling.model_info import model_info_on_meta
+    from autotune.workloads import resolve_workload
+
+    shape = json.loads(LLAMA_MEMORY.read_text())["shapes"][model]
+    args = {
+        **shape,
+        "seq_len": seq_len,
+        "max_position_embeddings": seq_len,
+        "attn_implementation": "sdpa",
+    }
+    with torch.device("meta"):
+        workload = resolve_workload("hf:llama", args)
+    return model_info_on_meta(workload, "bf16", workload.activation_checkpointing)

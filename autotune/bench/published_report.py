@@ -15,6 +15,8 @@ from autotune.bench.published import (
     deepspeed_model,
     deepspeed_step,
     deepspeed_tables,
+    llama_memory_rows,
+    llama_model,
     mpt_rows,
 )
 from autotune.tuner.cost_model import CostModel, ModelShape, Topology, prior_for, step_counts
@@ -218,6 +220,74 @@ def landscape_report() -> dict[str, Any]:
     }
 
 
+# Predicted memory within this share of a published figure counts as matching it.
+MEMORY_TOLERANCE = 0.15
+
+
+def llama_memory_report() -> list[dict[str, Any]]:
+    """Each held-out Llama run against the plan of ``hf:llama`` in its shape: the plan's
+    memory per GPU and whether it fits, at the run's stage, micro-batch and checkpointing."""
+    from autotune.config import load_config
+    from autotune.tuner.plan import plan
+
+    reports = []
+    for row in llama_memory_rows():
+        config = load_config(row.config(), row.shards)
+        rows = plan(
+            config, llama_model(row.model, row.seq_len), CATALOG[row.hardware], min(8, row.shards)
+        )
+        planned = next(
+            r
+            for r in rows
+            if r.zero_stage == row.zero_stage
+            and r.micro_batch_size == row.micro_batch
+            and r.offload == "none"
+        )
+        predicted_gib = planned.memory_bytes / 2**30
+        ratio = predicted_gib / row.memory_gib if row.memory_gib else None
+        reports.append(
+            {
+                "source": row.source,
+                "model": row.model,
+                "zero_stage": row.zero_stage,
+                "shards": row.shards,
+                "micro_batch": row.micro_batch,
+                "grad_accum": row.grad_accum,
+                "checkpointing": row.activation_checkpointing,
+                "published_gib": row.memory_gib,
+                "predicted_gib": predicted_gib,
+                "ratio": ratio,
+                "within_tolerance": None if ratio is None else abs(ratio - 1) <= MEMORY_TOLERANCE,
+                "published_fits": row.fits,
+                "plan_fits": planned.fits,
+            }
+        )
+    return reports
+
+
+def _print_llama_memory(reports: list[dict[str, Any]]) -> None:
+    print(
+        f"{'source':18s} {'model':10s} {'z':>1s} {'GPUs':>4s} {'mbs':>3s} {'acc':>3s} "
+        f"{'ckpt':>4s} {'published':>9s} {'plan':>8s} {'ratio':>5s} {'fits: run/plan':>14s}"
+    )
+    for r in reports:
+        published = f"{r['published_gib']:.1f}" if r["published_gib"] else "-"
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        fits = f"{'yes' if r['published_fits'] else 'no'}/{'yes' if r['plan_fits'] else 'no'}"
+        checkpointing = "yes" if r["checkpointing"] else "no"
+        print(
+            f"{r['source']:18s} {r['model']:10s} {r['zero_stage']:1d} {r['shards']:4d} "
+            f"{r['micro_batch']:3d} {r['grad_accum']:3d} {checkpointing:>4s} "
+            f"{published:>9s} {r['predicted_gib']:8.1f} {ratio:>5s} {fits:>14s}"
+        )
+    verdicts = [r["published_fits"] == r["plan_fits"] for r in reports]
+    close = [r["within_tolerance"] for r in reports if r["within_tolerance"] is not None]
+    print(
+        f"fits verdict right: {_coverage(verdicts)}; predicted memory within "
+        f"{MEMORY_TOLERANCE:.0%} of the published: {_coverage(close)}"
+    )
+
+
 def _coverage(flags: list[bool]) -> str:
     return f"{sum(flags)}/{len(flags)} ({sum(flags) / max(1, len(flags)):.0%})"
 
@@ -305,7 +375,13 @@ def print_published() -> dict[str, Any]:
         f"{bytes_['measured'] / 1e9:.2f} ({bytes_['measured_checkpointed'] / 1e9:.2f})"
     )
     print(f"held-out coverage of the 80% interval: {_coverage(held_covered)}")
+    print(
+        "2e. held out: memory per GPU of published Llama runs (GiB) against the plan of "
+        "hf:llama in their shape (experiments/published/llama_memory.json)"
+    )
+    llama = llama_memory_report()
+    _print_llama_memory(llama)
     return {
         "calibration": {"deepspeed": calibration, "llm_foundry": mpt, "mpt_7b_sweep": sweep},
-        "held_out": {"deepspeed": held_out, "h200_landscape": landscape},
+        "held_out": {"deepspeed": held_out, "h200_landscape": landscape, "llama_memory": llama},
     }

@@ -361,43 +361,37 @@ def model_info_on_meta(
             for x in workload.make_batch(size, generator)
         ]
 
-    def step(size: int) -> tuple[int, int]:
-        """Bytes saved for backward and the step's peak, at micro-batch ``size``."""
-        saved, live = _SavedOnMeta(model), _LiveBytes()
+    def step(size: int, count_flops: bool = False) -> tuple[int, int, int]:
+        """Bytes saved for backward, the step's peak and (``count_flops``: else 0) the
+        FLOPs, at micro-batch ``size``. Counting FLOPs keeps no tensor alive, so one pass
+        counts all three."""
+        saved, live, attention = _SavedOnMeta(model), _LiveBytes(), [0]
+        flops = _FlopCount()
 
         @contextmanager
         def counting() -> Iterator[None]:
-            with _attention_as_on_gpu([0]), live, saved.hooks():
-                yield
+            with _attention_as_on_gpu(attention), live, saved.hooks():
+                if count_flops:
+                    with flops:
+                        yield
+                else:
+                    yield
 
         grads = run_train_step(model, on_meta(size), counting(), on_meta=False)
-        return saved.total(), live.peak(leaving_out={live.serial(g) for g in grads})
-
-    def step_flops() -> int:
-        """FLOPs of a forward and backward of one sample (a pass of its own: counting keeps
-        tensors alive, which would move the peak)."""
-        attention = [0]
-        counter = _FlopCount()
-
-        @contextmanager
-        def counting() -> Iterator[None]:
-            with _attention_as_on_gpu(attention), counter:
-                yield
-
-        run_train_step(model, on_meta(1), counting(), on_meta=False)
-        return counter.total + attention[0]
+        peak = live.peak(leaving_out={live.serial(g) for g in grads})
+        return saved.total(), peak, flops.total + attention[0] if count_flops else 0
 
     def measure() -> tuple[int, int, int]:
         """Per sample: saved for backward, the step's peak beyond that, and the FLOPs.
 
-        Three forward-backward passes: micro-batches 1 and 2 for the bytes (what does not
-        grow with the batch drops out of the slope), each counting what is saved and the
-        peak at once, and one for the FLOPs. On meta an op costs the same at any size, and
-        these passes are most of a 7B model's plan."""
-        saved_one, peak_one = step(1)
-        saved_two, peak_two = step(2)
+        Two forward-backward passes, at micro-batches 1 and 2 (what does not grow with the
+        batch drops out of the slope), each counting what is saved and the peak at once, the
+        first the FLOPs too. On meta an op costs the same at any size, and these passes are
+        most of a 70B model's plan."""
+        saved_one, peak_one, flops = step(1, count_flops=True)
+        saved_two, peak_two, _ = step(2)
         saved = max(saved_two - saved_one, 0)
-        return saved, max(peak_two - peak_one - saved, 0), step_flops()
+        return saved, max(peak_two - peak_one - saved, 0), flops
 
     # A model that selects by value (DeBERTa's classifier keeps the labels >= 0 with
     # nonzero()) cannot ask meta tensors; its random inputs are all selected anyway.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config
@@ -21,7 +21,7 @@ from autotune.tuner.cost_model import CostModel, ModelShape, Topology, prior_for
 from autotune.tuner.hardware import Hardware
 from autotune.tuner.memory import estimate_memory
 from autotune.tuner.model_search import step_shape
-from autotune.tuner.space import Variant, build_space
+from autotune.tuner.space import Variant, build_space, micro_batch_sizes
 
 if TYPE_CHECKING:
     from autotune.profiling.model_info import ModelInfo
@@ -46,6 +46,8 @@ class PlannedConfig:
         tflops_per_gpu: predicted model TFLOP/s per GPU (forward and backward).
         memory_bytes: estimated peak memory per GPU.
         fits: whether that fits in the device's memory (with the estimate's margin).
+        over_bytes: how far the estimate is over the memory it may use (the device's less
+            the margin); 0 where it fits.
         knobs: other keys this configuration sets (dotted keys).
         activation_checkpointing: whether the model recomputes its activations in backward.
     """
@@ -64,6 +66,7 @@ class PlannedConfig:
     fits: bool
     knobs: Mapping[str, Any] = field(default_factory=dict)
     activation_checkpointing: bool = False
+    over_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +82,7 @@ class PlannedConfig:
             "tflops_per_gpu": self.tflops_per_gpu,
             "memory_bytes": self.memory_bytes,
             "fits": self.fits,
+            "over_bytes": self.over_bytes,
             "knobs": dict(self.knobs),
             "activation_checkpointing": self.activation_checkpointing,
         }
@@ -120,6 +124,7 @@ def plan(
     topology = Topology(data_parallel, min(ranks_per_node, data_parallel), config.precision)
     model = cost_model or CostModel.from_prior(prior_for(hardware, topology))
     shape = ModelShape.from_info(model_info)
+    listed = micro_batch_sizes(config)[1]
     rows: list[PlannedConfig] = []
     for plan_ in space.plans:
         dims = [key for key, _ in plan_.knobs]
@@ -131,7 +136,7 @@ def plan(
                 space.name,
                 space.overrides,
                 plan_.variant,
-                _sizes(plan_.ladder, plan_.estimate),
+                plan_.ladder if listed else _sizes(plan_.ladder, plan_.estimate),
                 values,
                 knobs,
                 model,
@@ -139,27 +144,25 @@ def plan(
                 topology,
                 plan_.estimate,
             )
-    # Variants whose model states alone do not fit: one row each, at the smallest size.
-    planned = {plan_.variant.stage for plan_ in space.plans}
-    for stage in sorted({int(label[1]) for label in space.pruned if label[1:].isdigit()}):
-        if stage in planned:
-            continue
-        variant = Variant(stage, activation_checkpointing=config.activation_checkpointing.enabled)
+    # Variants whose model states do not fit even at the smallest size: rows that say so,
+    # at every size the config lists (else at the smallest it allows).
+    for variant in _pruned_variants(space.pruned):
         estimate = estimate_memory(
             model_info,
             config,
-            stage,
-            False,
+            variant.stage,
+            variant.offload_optimizer,
             budget,
             activation_checkpointing=variant.activation_checkpointing,
         )
-        smallest = min(plan_.ladder[0] for plan_ in space.plans) if space.plans else 1
+        if replace(estimate, buffer_bytes=0).fits(space.sizes[0]):
+            continue  # pruned by a config rule, not by memory: nothing to predict
         rows += _predict(
             config,
             space.name,
             space.overrides,
             variant,
-            (smallest,),
+            space.sizes if listed else space.sizes[:1],
             dict(space.base),
             {},
             model,
@@ -178,6 +181,17 @@ def plan(
             r.name,
         ),
     )
+
+
+def _pruned_variants(pruned: Mapping[str, str]) -> list[Variant]:
+    """The variants ``build_space`` pruned (its ``pruned`` is keyed by their labels)."""
+    every = (
+        Variant(stage, offload, checkpointed)
+        for stage in range(4)
+        for offload in (False, True)
+        for checkpointed in (False, True)
+    )
+    return [variant for variant in every if variant.label in pruned]
 
 
 def _sizes(ladder: tuple[int, ...], estimate: Any) -> list[int]:
@@ -215,6 +229,7 @@ def _predict(
         spread = math.exp(INTERVAL_Z * prediction.sd)
         overrides = overrides_of(variant, size, dict(knobs))
         memory = estimate.bytes_at(size) if estimate is not None else 0
+        fits = estimate.fits(size) if estimate is not None else True
         rows.append(
             PlannedConfig(
                 name=name_of(overrides),
@@ -228,9 +243,10 @@ def _predict(
                 latency=latency,
                 tflops_per_gpu=shape.flops_per_sample * size * step.accumulation / latency / 1e12,
                 memory_bytes=int(memory),
-                fits=estimate.fits(size) if estimate is not None else True,
+                fits=fits,
                 knobs=dict(knobs),
                 activation_checkpointing=variant.activation_checkpointing,
+                over_bytes=0 if fits else int(memory - estimate.usable_bytes),
             )
         )
     return rows

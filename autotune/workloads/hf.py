@@ -8,6 +8,8 @@ Nothing is downloaded, so users can tune the shape they really train without hub
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,15 +25,53 @@ HEADS = ("masked_lm", "causal_lm", "sequence_classification")
 
 
 class _LossOnly(nn.Module):
-    """Adapts a model with a head, ``forward(input_ids, labels=...)``, to return the loss."""
+    """Adapts a model with a head, ``forward(input_ids, labels=...)``, to return the loss.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``empty_cache``, where given, makes the keyword arguments that hand the model an empty
+    key/value cache each step (:func:`_empty_cache_factory`).
+    """
+
+    def __init__(
+        self, model: nn.Module, empty_cache: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
         super().__init__()
         self.model = model
+        self.empty_cache = empty_cache
 
     def forward(self, idx: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss: torch.Tensor = self.model(input_ids=idx, labels=labels).loss
+        cache = self.empty_cache() if self.empty_cache is not None else {}
+        loss: torch.Tensor = self.model(input_ids=idx, labels=labels, **cache).loss
         return loss
+
+
+def _empty_cache_factory(
+    transformers: Any, model: nn.Module
+) -> Callable[[], dict[str, Any]] | None:
+    """What hands a causal LM an empty key/value cache, or None where none is needed.
+
+    Without a cache, transformers' causal-mask code (``masking_utils``, 4.53 on) reads the
+    position ids' values to find sequences packed into one row: a host sync on a GPU, and an
+    error on the meta device, where ``autotune plan`` profiles the model. Training under
+    activation checkpointing runs without one (transformers drops it), so only checkpointed
+    plans failed. With a cache the mask comes from its (empty) length instead; the batches
+    here hold one sequence a row, so the answer is the same, and a checkpointed layer still
+    drops the cache. Without checkpointing the model makes the same cache itself
+    (``use_cache``): nothing changes there.
+    """
+    if not hasattr(getattr(transformers, "masking_utils", None), "find_packed_sequence_indices"):
+        return None  # an older transformers: no such detection
+    config = getattr(model, "config", None)
+    if config is None or not getattr(config, "use_cache", False):
+        return None  # the user asked for no cache: leave the model as it is
+    parameters = inspect.signature(model.forward).parameters
+    name = next((n for n in ("cache", "past_key_values") if n in parameters), None)
+    if name is None:
+        return None
+
+    def empty_cache() -> dict[str, Any]:
+        return {name: transformers.DynamicCache(config=config)}
+
+    return empty_cache
 
 
 def _transformers() -> Any:
@@ -134,12 +174,19 @@ def build_hf(
         inner = auto_class.from_config(config, **chosen)
     except ValueError as exc:  # an attention implementation the architecture lacks
         raise WorkloadError(str(exc).splitlines()[0]) from exc
-    model = _LossOnly(inner)
+    causal = head_name == "causal_lm"
+    model = _LossOnly(inner, _empty_cache_factory(transformers, inner) if causal else None)
     if activation_checkpointing and not getattr(inner, "supports_gradient_checkpointing", False):
         raise WorkloadError(f"model type {model_type!r} cannot checkpoint activations")
 
     def set_checkpointing(on: bool) -> None:
-        if on:
+        # transformers 5 calls it activation checkpointing (the old name warns); 4.x does not.
+        if hasattr(inner, "activation_checkpointing_enable"):
+            if on:
+                inner.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                inner.activation_checkpointing_disable()
+        elif on:
             inner.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )

@@ -4,6 +4,7 @@ costs the issue found missing are in the calibrated model (stage 3's gathers, st
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -121,3 +122,37 @@ def test_a_gpu_without_published_tables_borrows_the_mean_share_with_more_doubt()
     assert known is not None and unknown is not None
     assert unknown.misfit > known.misfit
     assert tuple(unknown.ratios) == NAMES
+
+
+def test_the_published_llama_memory_rows_are_cited_and_held_out() -> None:
+    from autotune.bench.published import (
+        LLAMA_MEMORY,
+        deepspeed_tables,
+        llama_memory_rows,
+        llama_sources,
+        mpt_rows,
+    )
+
+    rows, sources = llama_memory_rows(), llama_sources()
+    assert rows and json.loads(LLAMA_MEMORY.read_text())["role"] == "held-out"
+    for row in rows:
+        source = sources[row.source]
+        assert source["url"].startswith("https://") and source["setting"] and source["memory"]
+        assert row.memory_gib is None or 0 < row.memory_gib < 200
+    # Nothing of it is calibrated on: the calibration's rows are DeepSpeed's and MPT's tables.
+    calibrated = {t.name for t in deepspeed_tables("calibration")}
+    calibrated |= {r.table for r in mpt_rows("calibration")}
+    assert calibrated and calibrated.isdisjoint({r.source for r in rows})
+
+
+def test_a_published_llama_row_is_planned_at_its_stage_size_and_checkpointing() -> None:
+    from autotune.bench.published import llama_memory_rows
+    from autotune.config import load_config
+
+    row = next(r for r in llama_memory_rows() if r.engine == "deepspeed")
+    config = load_config(row.config(), row.shards)
+    assert config.zero_optimization.stage == row.zero_stage
+    assert config.search_space["train_micro_batch_size_per_gpu"] == (row.micro_batch,)
+    assert config.gradient_accumulation_steps == row.grad_accum
+    assert config.activation_checkpointing.enabled is row.activation_checkpointing
+    assert config.precision == "bf16" and config.autotuning.engine.value == "deepspeed"

@@ -304,3 +304,110 @@ def test_the_table_says_what_it_plans_and_shows_the_leaders(tmp_path: Path) -> N
     assert "note: the micro-batch stops at 32, the config's cap" in out
     tflops = [float(line.split()[5]) for line in rows]
     assert all(value > 0 for value in tflops)
+
+
+def _sized_model(checkpointed_bytes: int | None = None) -> Any:
+    """A 1B-parameter model holding 40 GiB of activations a sample (and
+    ``checkpointed_bytes`` with activation checkpointing)."""
+    from autotune.profiling.model_info import ModelInfo
+
+    return ModelInfo(
+        num_params=10**9,
+        param_bytes=2 * 10**9,
+        activation_bytes_per_sample=40 * 2**30,
+        flops_per_sample=6e9 * 4096,
+        checkpointed_activation_bytes_per_sample=checkpointed_bytes,
+        recompute_flops_per_sample=2e9 * 4096,
+    )
+
+
+def _plan(config: dict[str, Any], checkpointed_bytes: int | None = None) -> list[Any]:
+    from autotune.config import load_config
+    from autotune.tuner.plan import plan
+
+    loaded = load_config({"bf16": {"enabled": True}, **config}, 8)
+    return plan(loaded, _sized_model(checkpointed_bytes), CATALOG["a100-80gb"], 8)
+
+
+def test_a_listed_micro_batch_that_does_not_fit_is_a_row_saying_how_far_over() -> None:
+    # 2 x 40 GiB of activations: over the 72 GiB an 80 GiB GPU may use at every stage, the
+    # optimizer offloaded or not; no size the config did not list stands in for it.
+    rows = _plan({"zero_optimization": {"stage": "all"}, "train_micro_batch_size_per_gpu": [2]})
+    assert {r.micro_batch_size for r in rows} == {2}
+    assert {r.zero_stage for r in rows} == {0, 1, 2, 3}
+    assert not any(r.fits for r in rows)
+    for row in rows:
+        usable = int(0.9 * CATALOG["a100-80gb"].memory_bytes)
+        assert row.over_bytes == row.memory_bytes - usable > 0
+        assert row.to_dict()["over_bytes"] == row.over_bytes
+
+
+def test_every_listed_micro_batch_is_a_row_fitting_or_not() -> None:
+    rows = _plan({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": [1, 2, 4]})
+    assert sorted((r.micro_batch_size, r.fits) for r in rows) == [(1, True), (2, False), (4, False)]
+    assert all(r.over_bytes == 0 for r in rows if r.fits)
+
+
+def test_sizes_not_listed_end_at_the_first_that_does_not_fit() -> None:
+    rows = _plan({"zero_optimization": {"stage": 3}})
+    assert sorted((r.micro_batch_size, r.fits) for r in rows) == [(1, True), (2, False)]
+
+
+def test_checkpointing_both_ways_keeps_the_variant_that_does_not_fit_without_it() -> None:
+    rows = _plan(
+        {
+            "zero_optimization": {"stage": 3},
+            "train_micro_batch_size_per_gpu": [2],
+            "activation_checkpointing": {"enabled": [False, True]},
+        },
+        checkpointed_bytes=2 * 2**30,
+    )
+    by_checkpointing = {r.activation_checkpointing: r for r in rows}
+    assert len(rows) == 2 and by_checkpointing[True].fits
+    assert not by_checkpointing[False].fits and by_checkpointing[False].micro_batch_size == 2
+
+
+def test_the_table_says_how_far_a_configuration_is_over(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({**CONFIG, "train_micro_batch_size_per_gpu": [4096]}))
+    result = runner.invoke(app, ["plan", "--config", str(config), "--hardware", "v100-32gb"])
+    assert result.exit_code == 0, result.output
+    assert "z0_mbs4096" in result.stdout
+    assert "z0_mbs4096 does not fit: " in result.stdout and " it may use" in result.stdout
+
+
+LLAMA = {
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1024,
+    "seq_len": 256,
+    "attn_implementation": "sdpa",
+}
+
+
+def test_a_llama_plans_with_checkpointing_both_ways() -> None:
+    pytest.importorskip("transformers")
+    from autotune.planning import PlanRequest, make_plan
+
+    config = {
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3},
+        "train_micro_batch_size_per_gpu": [4, 8],
+        "activation_checkpointing": {"enabled": [False, True]},
+    }
+    planned = make_plan(PlanRequest(config, "hf:llama", LLAMA, 8, hardware="a100-80gb"))
+    info = planned.model
+    assert info.can_checkpoint
+    # Checkpointing keeps each layer's input, not its activations, and runs its forward
+    # again in backward.
+    assert info.step_bytes(True) < info.step_bytes(False)
+    assert 0 < info.recompute_flops_per_sample < info.flops_per_sample
+    rows = {(r.micro_batch_size, r.activation_checkpointing): r for r in planned.rows}
+    assert set(rows) == {(4, False), (8, False), (4, True), (8, True)}
+    for size in (4, 8):
+        plain, checkpointed = rows[size, False], rows[size, True]
+        assert checkpointed.memory_bytes < plain.memory_bytes
+        assert checkpointed.throughput < plain.throughput

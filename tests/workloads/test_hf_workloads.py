@@ -6,6 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -141,3 +142,63 @@ def test_autotune_run_tunes_an_hf_workload(tmp_path: Path) -> None:
     assert set(frame["status"]) == {"ok"}, frame[["name", "status", "error"]].to_string()
     assert set(frame["zero_stage"]) == {0, 2}
     assert (frame["throughput"] > 0).all()
+
+
+DECODERS = {
+    "llama": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+    },
+    "mistral": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+    },
+    "qwen2": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+    },
+    "gpt2": TINY["gpt2"],
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(DECODERS))
+def test_a_decoder_profiles_on_meta_with_checkpointing_on(model_type: str) -> None:
+    # transformers' causal mask reads the positions' values where the model has no cache,
+    # as under checkpointing: on meta that failed (Tensor.item()) for every decoder.
+    from autotune.profiling.model_info import model_info_on_meta
+
+    args = {**DECODERS[model_type], "seq_len": 64, "attn_implementation": "sdpa"}
+    with torch.device("meta"):
+        workload = resolve_workload(f"hf:{model_type}", args)
+    info = model_info_on_meta(workload, "bf16", workload.activation_checkpointing)
+    assert info.can_checkpoint
+    assert 0 < info.step_bytes(True) < info.step_bytes(False)
+    assert info.recompute_flops_per_sample > 0
+
+
+def test_the_empty_cache_changes_nothing_a_step_computes() -> None:
+    workload = resolve_workload("hf:llama", {**DECODERS["llama"], "seq_len": 16})
+    batch = workload.make_batch(2, torch.Generator().manual_seed(0))
+    model: Any = workload.model
+    assert model.empty_cache is not None
+    switch = workload.activation_checkpointing
+    assert switch is not None
+    for checkpointed in (False, True):
+        switch(checkpointed)
+        with_cache = model(*batch)
+        model.empty_cache, kept = None, model.empty_cache
+        without = model(*batch)
+        model.empty_cache = kept
+        assert torch.equal(with_cache, without)
