@@ -170,11 +170,13 @@ def test_the_page_asks_for_the_token(tmp_path: Path) -> None:
             pytest.fail("CI installs chromium-headless-shell: .ci/run")
         pytest.skip("no headless Chromium here (apt-get install chromium-headless-shell)")
     playwright = pytest.importorskip("playwright.sync_api")
-    served = Served(tmp_path / "state", "--runner", "local", env={"AUTOTUNE_TOKEN": "tok-123"})
+    served = Served(
+        tmp_path / "state", "--runner", "local", env={"AUTOTUNE_TOKEN": "tok-123-of-the-page-test"}
+    )
     served.start()
     try:
         assert served.call("GET", "/api/jobs")[0] == 401
-        assert served.call("GET", "/api/jobs", token="tok-123")[0] == 200
+        assert served.call("GET", "/api/jobs", token="tok-123-of-the-page-test")[0] == 200
         with playwright.sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=executable)
             page = browser.new_page()
@@ -183,7 +185,7 @@ def test_the_page_asks_for_the_token(tmp_path: Path) -> None:
             page.fill("#token", "wrong")
             page.click("#login button")
             page.wait_for_selector("#login-error:has-text('not this service')")
-            page.fill("#token", "tok-123")
+            page.fill("#token", "tok-123-of-the-page-test")
             page.click("#login button")
             page.wait_for_selector("#no-jobs:not([hidden])")
             assert page.is_hidden("#login")
