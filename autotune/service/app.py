@@ -53,6 +53,7 @@ DASHBOARD_API = ("/api/meta", "/api/studies", "/api/trials")
 PUBLIC_API = ("/api/health",)
 JSON_BODIES = ("/api/jobs",)
 LOG_TAIL_BYTES = 64 * 1024
+READ_ONLY_SCRIPT = "/assets/read-only.js"  # what hides optuna-dashboard's write buttons
 # The job list, a page at a time: what every open page polls every few seconds.
 PAGE_JOBS = 50
 MAX_PAGE_JOBS = 200
@@ -194,6 +195,11 @@ def create_app(
     def page() -> str:
         return resources.files("autotune.service").joinpath("page.html").read_text()
 
+    @api.get(READ_ONLY_SCRIPT)
+    def read_only_script() -> Response:
+        script = resources.files("autotune.service").joinpath("read_only.js").read_text()
+        return Response(script, media_type="text/javascript")
+
     dashboard = _dashboard(storage)
     hosts = None if settings.token is not None else _loopback_hosts(settings)
     return Guard(api, dashboard, settings.token, hosts)
@@ -211,7 +217,7 @@ def job_view(job: Job, storage: optuna.storages.BaseStorage) -> dict[str, Any]:
     warm.pop("cost_model", None)  # the constants themselves are the profile's to show
     return {
         **job_summary(job, storage, study),
-        "best": {**job.best, "metric": _metric(job)} if job.best else None,
+        "best": {**job.best, **_metric(job)} if job.best else None,
         "error": job.error,
         "cached_from": job.cached_from,
         "request": dict(job.request),
@@ -235,8 +241,7 @@ def job_summary(
         experiments = _finished_trials(storage, study) if study is not None else 0
     best = None
     if job.best:
-        best = {"name": job.best.get("name"), "value": job.best.get("value")}
-        best["metric"] = _metric(job)
+        best = {"name": job.best.get("name"), "value": job.best.get("value"), **_metric(job)}
     error = job.error
     if error is not None and len(error) > LISTED_ERROR_CHARS:
         error = error[: LISTED_ERROR_CHARS - 1] + "…"
@@ -310,19 +315,21 @@ def _what(request: Mapping[str, Any]) -> str:
     return f"{_short(str(request.get('workload', DEFAULT_WORKLOAD)))} × {world}"
 
 
-def _metric(job: Job) -> str:
-    """What the job's answer's value measures: as its job said, else as it asked."""
+def _metric(job: Job) -> dict[str, str]:
+    """What the job's answer's value measures (``metric``) and in what (``unit``): as its job
+    said, else as it asked."""
     from autotune.metric import Metric
 
-    said = (job.best or {}).get("metric")
-    if said:
-        return str(said)
-    asked = job.request.get("metric")
+    said = (job.best or {}).get("metric") or job.request.get("metric")
     config = job.request.get("config") or {}
     tuning = config.get("autotuning") if isinstance(config, Mapping) else None
-    if asked is None and isinstance(tuning, Mapping):
-        asked = tuning.get("metric")
-    return str(asked or Metric.throughput.value)
+    if said is None and isinstance(tuning, Mapping):
+        said = tuning.get("metric")
+    try:
+        metric = Metric(str(said or Metric.throughput.value).lower())
+    except ValueError:  # a config the job itself refused
+        return {"metric": str(said), "unit": ""}
+    return {"metric": metric.value, "unit": metric.unit}
 
 
 def experiment_rows(results_dir: Path) -> list[dict[str, Any]]:
@@ -528,6 +535,8 @@ class Guard:
             await _answer_json(send, 413, f"the body is over {MAX_BODY_BYTES} bytes")
             return
         replay = _replay(body, receive)
+        if to_dashboard and method == "GET":
+            send = _read_only_pages(send)
         await (self.dashboard if to_dashboard else self.api)(scope, replay, send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -539,6 +548,43 @@ class Guard:
 
 
 _CHALLENGE = [(b"www-authenticate", b"Bearer")]
+
+
+def _read_only_pages(send: Send) -> Send:
+    """``send`` with :data:`READ_ONLY_SCRIPT` put into every HTML page: optuna-dashboard's
+    buttons that write are hidden, since the guard refuses what they send (its data, in
+    JSON, passes as it is). A script of the service's own origin: the dashboard's pages
+    allow no inline one."""
+    script = f'<script src="{READ_ONLY_SCRIPT}"></script>'.encode()
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def sending(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            said = {k.lower(): v for k, v in message.get("headers", [])}
+            if said.get(b"content-type", b"").startswith(b"text/html"):
+                start = message  # held until the whole page is here
+                return
+        elif message["type"] == "http.response.body" and start is not None:
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            page = b"".join(chunks).replace(b"</head>", script + b"</head>", 1)
+            # Its length changed, and it is no longer the file its validators name.
+            headers = [
+                (k, v)
+                for k, v in start.get("headers", [])
+                if k.lower() not in (b"content-length", b"etag", b"last-modified")
+            ]
+            await send(
+                {**start, "headers": [*headers, (b"content-length", str(len(page)).encode())]}
+            )
+            await send({"type": "http.response.body", "body": page})
+            return
+        await send(message)
+
+    return sending
 
 
 async def _bounded_body(receive: Receive) -> bytes | None:

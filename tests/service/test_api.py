@@ -75,7 +75,10 @@ def test_the_same_job_is_answered_from_a_finished_one(
     )
     assert again.json()["cached"] is True and again.json()["status"] == "succeeded"
     view = http.get(f"/api/jobs/{again.json()['id']}").json()
-    assert view["best"] == {**best, "metric": "throughput"} and view["cached_from"] == first["id"]
+    assert (
+        view["best"] == {**best, "metric": "throughput", "unit": "samples/s"}
+        and view["cached_from"] == first["id"]
+    )
     assert view["experiments"] == 0  # it ran none
     other = http.post("/api/jobs", json={"workload": "mlp", "world_size": 1}).json()
     assert other["cached"] is False

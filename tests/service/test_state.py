@@ -131,6 +131,15 @@ def test_serve_refuses_an_open_host_without_a_token_in_one_line(
     empty.write_text("")
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--token-file", str(empty)])
     assert result.exit_code == 2 and "is empty" in result.output
+    short = tmp_path / "short"
+    short.write_text("guessable\n")
+    state = tmp_path / "s"
+    result = CliRunner().invoke(
+        app, ["serve", "--token-file", str(short), "--state-dir", str(state)]
+    )
+    assert result.exit_code == 2
+    assert result.output.startswith("error: the token has 9 characters: use at least 16")
+    assert len(result.output.strip().splitlines()) == 1 and not state.exists()
 
 
 def scheduler(runner: str, gpus: float, held: list[float]) -> Scheduler:
