@@ -2,9 +2,12 @@
 anything is written or started.
 
 The fields are ``autotune run``'s flags, each meaning what the flag means; one left out means
-what ``run`` does without it. What a job may name on the cluster's file system is bounded:
-a script's working directory, and a user workload's module, must lie inside a root the
-service allows (``--allow-root``); built-in workloads need none. Nothing a request holds goes
+what ``run`` does without it. The fields' own rules (types, ranges: a seed NumPy takes, no
+``Infinity``) are the model's; :func:`check_request` checks what needs the service: the code
+a job names (a script's working directory and file, a ``-m`` module, a user workload's module)
+must resolve inside a root the service allows (``--allow-root``;
+:mod:`autotune.service.imports` finds where), a built-in or ``hf:`` workload must exist and
+take the arguments given, and the ranks must fit the cluster. Nothing a request holds goes
 through a shell: a script's argv is passed as a list.
 """
 

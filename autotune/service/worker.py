@@ -386,6 +386,8 @@ _DOING = (
     ("autotune/service/worker.py", "_answer", "looking up an earlier answer"),
     ("/optuna/", "", "opening its study"),
     ("/sqlalchemy/", "", "opening its study"),
+    ("autotune/tuner/", "", "choosing its first experiment"),
+    ("autotune/", "", "starting its run"),
 )
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _MAIN_THREAD_END = "_run_module_as_main"
@@ -399,7 +401,8 @@ def stack_complete(dump: str) -> bool:
 
 def where_it_hung(dump: str) -> str:
     """Where the job's main thread is, from the stacks ``faulthandler`` wrote: what it was
-    doing and the innermost line of code, on one line.
+    doing and its innermost line of code (and, where that is a library's, the innermost of
+    the job's own or autotune's that called it), on one line.
 
     Example:
         >>> where_it_hung('''
@@ -425,8 +428,21 @@ def where_it_hung(dump: str) -> str:
         ),
         "starting",
     )
-    own = next((f for f in frames if not f["file"].startswith("<")), frames[0])
-    return f"{doing} (at {own['file']}, line {own['line']}, in {own['function']})"
+    code = [frame for frame in frames if not frame["file"].startswith("<")] or frames
+    own = next((frame for frame in code if not _is_library(frame["file"])), None)
+    called = f", called from {_at(own)}" if own is not None and own is not code[0] else ""
+    return f"{doing} (at {_at(code[0])}{called})"
+
+
+def _at(frame: re.Match[str]) -> str:
+    return f"{frame['file']}, line {frame['line']}, in {frame['function']}"
+
+
+def _is_library(file: str) -> bool:
+    """Whether ``file`` is Python's own or an installed package's."""
+    import sysconfig
+
+    return "-packages/" in file or file.startswith(sysconfig.get_paths()["stdlib"])
 
 
 def _storage(url: str) -> optuna.storages.BaseStorage:
