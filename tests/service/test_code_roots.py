@@ -139,3 +139,9 @@ def test_the_job_checks_again_where_its_workload_function_is_defined(
         else:
             run._check_code()
         sys.modules.pop(module, None)
+    # A -m script's module too: the project's pip/ folder is not what an import loads here.
+    job = queue.add({"script": ["-m", "pip", "install", "x"], "cwd": str(root / "project")})
+    run = JobRun(queue, job, "sqlite:///unused.db")
+    run._enter_cwd()
+    with pytest.raises(WorkloadError, match="'pip' is also installed"):
+        run._check_code()
