@@ -151,9 +151,15 @@ def _stop_service(service: subprocess.Popen[Any]) -> None:
 
 def load_case(runner: str, num_jobs: int, num_pollers: int) -> None:
     """``num_jobs`` jobs submitted at once, ``num_pollers`` threads polling until all ended."""
-    # Different models (so that none is answered from another), each a few experiments.
+    # Different models (so that none is answered from another), each two experiments on one
+    # rank: the service is what is measured, and the jobs share the machine with it.
     jobs = [
-        {"workload": "mlp", "num_trials": 3, "workload_args": {"d_hidden": 64 + 8 * n}}
+        {
+            "workload": "mlp",
+            "world_size": 1,
+            "num_trials": 2,
+            "workload_args": {"d_hidden": 64 + 8 * n},
+        }
         for n in range(num_jobs)
     ]
     with tempfile.TemporaryDirectory(prefix="bench_service_load_") as folder:
