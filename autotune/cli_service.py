@@ -16,6 +16,7 @@ from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD, DEFAULT_W
 from autotune.service.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    DEFAULT_STARTUP_LIMIT_S,
     DEFAULT_STATE_DIR,
     TOKEN_ENV,
 )
@@ -59,6 +60,22 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
                 "default: built-in workloads only).",
             ),
         ] = None,
+        allow_installed_modules: Annotated[
+            bool,
+            typer.Option(
+                help="Let a script job run `-m MODULE` of a module installed in this Python "
+                "(pip, http.server, ... run whatever they are asked): off, only modules in "
+                "an allowed root.",
+            ),
+        ] = False,
+        startup_limit: Annotated[
+            float,
+            typer.Option(
+                min=1,
+                help="Seconds a job may take to start its first experiment; past it, it "
+                "fails saying where it hung, and the next job starts.",
+            ),
+        ] = DEFAULT_STARTUP_LIMIT_S,
         runner: Annotated[
             str,
             typer.Option(help="ray: experiments on Ray; local: fresh processes, no Ray."),
@@ -96,6 +113,8 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
                 address=address,
                 token=token,
                 allowed_roots=roots,
+                allow_installed_modules=allow_installed_modules,
+                startup_limit_s=startup_limit,
                 runner=runner,
                 num_cpus=num_cpus,
             )

@@ -13,6 +13,10 @@ from pydantic import BeforeValidator, Field, StrictBool, field_validator
 from autotune.config.fields import AnyInt, NonNegativeInt, PositiveInt, Section
 from autotune.metric import Metric
 
+# The largest seed: the samplers' (NumPy's) take 32 bits, and a run derives more seeds from
+# its own by adding small offsets (a phase's index, a rank's 1000 × (rank + 1)).
+MAX_SEED = 2**31 - 1
+
 
 class TunerType(str, enum.Enum):
     """How the search picks what to measure next (``autotune.tuner.search``, each an Optuna
@@ -79,7 +83,7 @@ class AutotuningConfig(Section):
     num_remeasure: NonNegativeInt = Field(
         default=3, description="Top candidates re-measured before the best is declared."
     )
-    seed: AnyInt = 0
+    seed: Annotated[AnyInt, Field(ge=0, le=MAX_SEED)] = 0
     storage: str | None = Field(
         default=None,
         description="Where the run's Optuna study (its record: one trial per experiment) is "

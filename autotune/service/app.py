@@ -10,12 +10,13 @@ before any of them sees a request.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+import shutil
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
@@ -30,11 +31,14 @@ from autotune.service.requests import (
     placement,
     tuning_job,
 )
-from autotune.service.scheduler import LOG_NAME
+from autotune.service.scheduler import LOG_NAME, job_environment
+from autotune.service.server import local_resources
 from autotune.service.settings import ServiceSettings, is_loopback, token_matches
 
 if TYPE_CHECKING:
     import optuna
+
+    from autotune.job import TuningJob
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,6 +53,14 @@ DASHBOARD_API = ("/api/meta", "/api/studies", "/api/trials")
 PUBLIC_API = ("/api/health",)
 JSON_BODIES = ("/api/jobs",)
 LOG_TAIL_BYTES = 64 * 1024
+READ_ONLY_SCRIPT = "/assets/read-only.js"  # what hides optuna-dashboard's write buttons
+# The job list, a page at a time: what every open page polls every few seconds.
+PAGE_JOBS = 50
+MAX_PAGE_JOBS = 200
+# A listed job's request, shown flat and short: enough to tell jobs of one workload apart.
+LISTED_ARGS = 24
+LISTED_ARG_CHARS = 40
+LISTED_ERROR_CHARS = 300
 
 
 def create_app(
@@ -56,6 +68,7 @@ def create_app(
     queue: JobQueue,
     storage: optuna.storages.BaseStorage,
     wake: Callable[[], None] = lambda: None,
+    cluster_resources: Callable[[], Mapping[str, float]] = local_resources,
 ) -> Guard:
     """The service's ASGI application.
 
@@ -64,8 +77,16 @@ def create_app(
         queue: the job queue.
         storage: the Optuna storage every job's study is in.
         wake: called when the queue changed (the scheduler looks at it at once).
+        cluster_resources: the CPUs and GPUs jobs run on, which a job's ranks must fit.
     """
-    api = FastAPI(title="autotune", version=autotune.__version__, docs_url="/api/docs")
+    # The schema under /api, where the token guards it as it guards the docs page.
+    api = FastAPI(
+        title="autotune",
+        version=autotune.__version__,
+        docs_url="/api/docs",
+        openapi_url="/api/openapi.json",
+        redoc_url=None,
+    )
     _errors_as_one_line(api)
 
     @api.get("/api/health")
@@ -75,19 +96,37 @@ def create_app(
     @api.post("/api/jobs", status_code=201)
     def submit(body: JobRequest) -> dict[str, Any]:
         """Queue a job, or answer it at once from a finished one with the same key."""
-        check_request(body, settings.allowed_roots)
+        check_request(
+            body,
+            settings.allowed_roots,
+            allow_installed_modules=settings.allow_installed_modules,
+            resources=cluster_resources(),
+            environment=job_environment(settings),
+        )
         given = body.model_dump(mode="json", exclude_defaults=True)
         key, answer = None, None
         if body.script is None:  # a script's key needs its folder: its job finds it
             key = _key(body, settings)
             answer = None if body.force else _answer(queue, storage, key)
+        else:  # its config and flags are checked now all the same
+            _tuning_job(body.model_copy(update={"script": None}), settings)
         job = queue.add(given, key, answer=answer)
         wake()
         return {"id": job.id, "status": job.status, "cached": job.cached}
 
     @api.get("/api/jobs")
-    def jobs() -> list[dict[str, Any]]:
-        return [job_view(job, storage) for job in queue.latest()]
+    def jobs(
+        response: Response,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_JOBS)] = PAGE_JOBS,
+        before: Annotated[str | None, Query(max_length=64)] = None,
+    ) -> list[dict[str, Any]]:
+        """The jobs, newest first, a page at a time: the next page is the jobs before the
+        last one listed (``?before=ID``, also in the ``Link`` header)."""
+        page = queue.latest(limit + 1, _job(queue, before) if before else None)
+        if len(page) > limit:
+            page = page[:limit]
+            response.headers["link"] = f'</api/jobs?limit={limit}&before={page[-1].id}>; rel="next"'
+        return [job_summary(job, storage) for job in page]
 
     @api.get("/api/jobs/{job_id}")
     def job(job_id: str) -> dict[str, Any]:
@@ -117,12 +156,30 @@ def create_app(
             return ""
 
     @api.delete("/api/jobs/{job_id}")
-    def cancel(job_id: str) -> dict[str, Any]:
-        """Cancel: a queued job at once, a running one once its experiments have stopped."""
-        _job(queue, job_id)
-        queue.cancel(job_id)
-        wake()
-        return job_view(_job(queue, job_id), storage)
+    def cancel_or_delete(
+        job_id: str, results: Literal["keep", "remove"] | None = None
+    ) -> dict[str, Any]:
+        """Without ``results``: cancel, a queued job at once, a running one once its
+        experiments have stopped. With it: delete a finished job from the list, its results
+        directory and study kept or removed."""
+        found = _job(queue, job_id)
+        if results is None:
+            queue.cancel(job_id)
+            wake()
+            return job_view(_job(queue, job_id), storage)
+        if found.status not in FINISHED:
+            raise HTTPException(
+                409, f"job {job_id} is {found.status}: cancel it first (DELETE without ?results)"
+            )
+        deleted = queue.delete(job_id)
+        assert deleted is not None  # a finished job stays finished
+        removed = results == "remove" and _remove_results(deleted, settings)
+        return {
+            "id": job_id,
+            "deleted": True,
+            "results": "removed" if removed else "kept",
+            "results_dir": None if removed else deleted.results_dir,
+        }
 
     @api.post("/api/session")
     def session(response: Response) -> dict[str, Any]:
@@ -138,6 +195,11 @@ def create_app(
     def page() -> str:
         return resources.files("autotune.service").joinpath("page.html").read_text()
 
+    @api.get(READ_ONLY_SCRIPT)
+    def read_only_script() -> Response:
+        script = resources.files("autotune.service").joinpath("read_only.js").read_text()
+        return Response(script, media_type="text/javascript")
+
     dashboard = _dashboard(storage)
     hosts = None if settings.token is not None else _loopback_hosts(settings)
     return Guard(api, dashboard, settings.token, hosts)
@@ -148,33 +210,126 @@ def create_app(
 
 def job_view(job: Job, storage: optuna.storages.BaseStorage) -> dict[str, Any]:
     """A job as the API shows it: ``id``, ``status``, ``experiments`` (run so far), ``best``
-    (``name``, ``value``, ``ds_config``; None before an answer), ``cached``, ``error``, and
-    what the page shows besides."""
+    (``name``, ``value``, ``metric``, ``ds_config``; None before an answer), ``cached``,
+    ``error``, and what the page shows besides."""
     study = _study_name(job)
-    experiments = job.experiments
-    if experiments is None and study is not None:  # running, or stopped before its summary
-        experiments = _finished_trials(storage, study)
     warm = dict(job.warm_start or {})
     warm.pop("cost_model", None)  # the constants themselves are the profile's to show
     return {
-        "id": job.id,
-        "status": job.status,
-        "experiments": experiments or 0,
-        "best": dict(job.best) if job.best else None,
-        "cached": job.cached,
+        **job_summary(job, storage, study),
+        "best": {**job.best, **_metric(job)} if job.best else None,
         "error": job.error,
         "cached_from": job.cached_from,
-        "cancel_requested": job.cancel_requested and job.status not in FINISHED,
         "request": dict(job.request),
         "command": job.command,
         "study": study,
         "dashboard": _dashboard_path(storage, study),
         "warm_start": warm or None,
-        "created_at": job.created_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
         "starts": job.starts,
     }
+
+
+def job_summary(
+    job: Job, storage: optuna.storages.BaseStorage, study: str | None = None
+) -> dict[str, Any]:
+    """A job as the list shows it, bounded in size whatever its request holds: what it
+    tunes (``what``, and ``args``: its arguments, flags and config keys, flat and cut
+    short), how it stands, its answer's name and value; :func:`job_view` has the rest."""
+    experiments = job.experiments
+    if experiments is None and job.status != "queued":  # running, or ended without a summary
+        study = study or _study_name(job)
+        experiments = _finished_trials(storage, study) if study is not None else 0
+    best = None
+    if job.best:
+        best = {"name": job.best.get("name"), "value": job.best.get("value"), **_metric(job)}
+    error = job.error
+    if error is not None and len(error) > LISTED_ERROR_CHARS:
+        error = error[: LISTED_ERROR_CHARS - 1] + "…"
+    return {
+        "id": job.id,
+        "status": job.status,
+        "experiments": experiments or 0,
+        "best": best,
+        "cached": job.cached,
+        "error": error,
+        "cancel_requested": job.cancel_requested and job.status not in FINISHED,
+        "what": _what(job.request),
+        "args": request_args(job.request),
+        "running": list(job.running) if job.status == "running" else [],
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "experiment_started_at": job.experiment_started_at,
+        "finished_at": job.finished_at,
+    }
+
+
+def request_args(request: Mapping[str, Any]) -> dict[str, str]:
+    """What a request sets beyond its workload, flat: each workload argument by its name,
+    each flag, each config key (dotted), its value as short JSON text; at most
+    :data:`LISTED_ARGS` of them (the rest counted under ``"…"``).
+
+    Example:
+        >>> request_args({"workload": "mlp", "workload_args": {"d_hidden": 128},
+        ...               "config": {"zero_optimization": {"stage": [1, 2]}}, "seed": 3})
+        {'d_hidden': '128', 'zero_optimization.stage': '[1, 2]', 'seed': '3'}
+    """
+    flat: dict[str, Any] = {}
+    for key, value in request.items():
+        if key in ("workload", "script", "cwd"):
+            continue
+        if key == "workload_args" and isinstance(value, Mapping):
+            flat.update(value)
+        elif key == "config" and isinstance(value, Mapping):
+            flat.update(_leaves(value))
+        else:
+            flat[key] = value
+    shown = {key[:LISTED_ARG_CHARS]: _short(json.dumps(value)) for key, value in flat.items()}
+    if len(shown) > LISTED_ARGS:
+        kept = dict(list(shown.items())[: LISTED_ARGS - 1])
+        return {**kept, "…": f"{len(shown) - len(kept)} more"}
+    return shown
+
+
+def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    leaves: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and value:
+            leaves.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= LISTED_ARG_CHARS else text[: LISTED_ARG_CHARS - 1] + "…"
+
+
+def _what(request: Mapping[str, Any]) -> str:
+    """What a job tunes, in a few words: ``mlp × 2``, ``script train.py × 4``."""
+    from autotune.defaults import DEFAULT_WORKLOAD, DEFAULT_WORLD_SIZE
+
+    world = request.get("world_size", DEFAULT_WORLD_SIZE)
+    script = request.get("script")
+    if script:
+        return _short("script " + " ".join(str(arg) for arg in script[:2])) + f" × {world}"
+    return f"{_short(str(request.get('workload', DEFAULT_WORKLOAD)))} × {world}"
+
+
+def _metric(job: Job) -> dict[str, str]:
+    """What the job's answer's value measures (``metric``) and in what (``unit``): as its job
+    said, else as it asked."""
+    from autotune.metric import Metric
+
+    said = (job.best or {}).get("metric") or job.request.get("metric")
+    config = job.request.get("config") or {}
+    tuning = config.get("autotuning") if isinstance(config, Mapping) else None
+    if said is None and isinstance(tuning, Mapping):
+        said = tuning.get("metric")
+    try:
+        metric = Metric(str(said or Metric.throughput.value).lower())
+    except ValueError:  # a config the job itself refused
+        return {"metric": str(said), "unit": ""}
+    return {"metric": metric.value, "unit": metric.unit}
 
 
 def experiment_rows(results_dir: Path) -> list[dict[str, Any]]:
@@ -241,13 +396,37 @@ def _job(queue: JobQueue, job_id: str) -> Job:
 
 
 def _key(body: JobRequest, settings: ServiceSettings) -> str:
+    job = _tuning_job(body, settings)
+    return knowledge.job_key(job, knowledge.this_hardware().id, placement(body))
+
+
+def _tuning_job(body: JobRequest, settings: ServiceSettings) -> TuningJob:
+    """The job ``autotune run`` would assemble (its config loaded and checked).
+
+    Raises:
+        RequestError: the config or a flag breaks a rule (the key named).
+    """
     from autotune.config import ConfigError
 
     try:
-        job = tuning_job(body, settings.jobs_dir / "new", settings.storage_url)
+        return tuning_job(body, settings.jobs_dir / "new", settings.storage_url)
     except ConfigError as err:
         raise RequestError(str(err)) from None
-    return knowledge.job_key(job, knowledge.this_hardware().id, placement(body))
+
+
+def _remove_results(job: Job, settings: ServiceSettings) -> bool:
+    """Remove a deleted job's results directory and its study (a job answered from another
+    holds none of its own); whether anything was removed."""
+    from autotune.results.study import RunStudy
+
+    if job.cached or job.results_dir is None:
+        return False
+    folder = Path(job.results_dir)
+    if settings.jobs_dir.resolve() not in folder.resolve().parents:
+        return False  # not the service's to remove
+    RunStudy(folder).delete()
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _answer(queue: JobQueue, storage: optuna.storages.BaseStorage, key: str) -> Job | None:
@@ -356,6 +535,8 @@ class Guard:
             await _answer_json(send, 413, f"the body is over {MAX_BODY_BYTES} bytes")
             return
         replay = _replay(body, receive)
+        if to_dashboard and method == "GET":
+            send = _read_only_pages(send)
         await (self.dashboard if to_dashboard else self.api)(scope, replay, send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -367,6 +548,43 @@ class Guard:
 
 
 _CHALLENGE = [(b"www-authenticate", b"Bearer")]
+
+
+def _read_only_pages(send: Send) -> Send:
+    """``send`` with :data:`READ_ONLY_SCRIPT` put into every HTML page: optuna-dashboard's
+    buttons that write are hidden, since the guard refuses what they send (its data, in
+    JSON, passes as it is). A script of the service's own origin: the dashboard's pages
+    allow no inline one."""
+    script = f'<script src="{READ_ONLY_SCRIPT}"></script>'.encode()
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def sending(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            said = {k.lower(): v for k, v in message.get("headers", [])}
+            if said.get(b"content-type", b"").startswith(b"text/html"):
+                start = message  # held until the whole page is here
+                return
+        elif message["type"] == "http.response.body" and start is not None:
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            page = b"".join(chunks).replace(b"</head>", script + b"</head>", 1)
+            # Its length changed, and it is no longer the file its validators name.
+            headers = [
+                (k, v)
+                for k, v in start.get("headers", [])
+                if k.lower() not in (b"content-length", b"etag", b"last-modified")
+            ]
+            await send(
+                {**start, "headers": [*headers, (b"content-length", str(len(page)).encode())]}
+            )
+            await send({"type": "http.response.body", "body": page})
+            return
+        await send(message)
+
+    return sending
 
 
 async def _bounded_body(receive: Receive) -> bytes | None:

@@ -14,10 +14,12 @@ SQLite's WAL mode lets the page read while a job writes.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -57,6 +59,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished_at TEXT
 )
 """
+# Columns added since the first schema: a queue written by an earlier service gains them.
+_ADDED_COLUMNS = {
+    "running": "TEXT",  # JSON: the names of the experiments in flight
+    "experiment_started_at": "TEXT",  # the latest experiment's start, in this start of the job
+}
 
 
 def utc_now() -> str:
@@ -87,6 +94,8 @@ class Job:
     created_at: str = ""
     started_at: str | None = None
     finished_at: str | None = None
+    running: tuple[str, ...] = ()
+    experiment_started_at: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Job:
@@ -114,6 +123,8 @@ class Job:
             created_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            running=tuple(loaded("running") or ()),
+            experiment_started_at=row["experiment_started_at"],
         )
 
 
@@ -134,10 +145,15 @@ class JobQueue:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private(self.path)
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:  # outside a transaction: the journal mode cannot change inside one
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(_SCHEMA)
+            present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in present:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
         finally:
             db.close()
 
@@ -208,10 +224,14 @@ class JobQueue:
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return Job.from_row(row) if row is not None else None
 
-    def latest(self, limit: int = 200) -> list[Job]:
-        """The latest ``limit`` jobs, newest first."""
+    def latest(self, limit: int = 200, before: Job | None = None) -> list[Job]:
+        """The latest ``limit`` jobs (submitted before ``before``, if given), newest first."""
+        below = before.seq if before is not None else None
         with self._connection() as db:
-            rows = db.execute("SELECT * FROM jobs ORDER BY seq DESC LIMIT ?", (limit,))
+            rows = db.execute(
+                "SELECT * FROM jobs WHERE ? IS NULL OR seq < ? ORDER BY seq DESC LIMIT ?",
+                (below, below, limit),
+            )
             return [Job.from_row(row) for row in rows.fetchall()]
 
     def with_status(self, *statuses: str) -> list[Job]:
@@ -251,10 +271,18 @@ class JobQueue:
         with self._connection() as db:
             changed = db.execute(
                 "UPDATE jobs SET status = ?, results_dir = ?, pid = ?, starts = starts + 1, "
-                "started_at = COALESCE(started_at, ?) WHERE id = ? AND status = ?",
+                "started_at = COALESCE(started_at, ?), running = NULL, "
+                "experiment_started_at = NULL WHERE id = ? AND status = ?",
                 (RUNNING, results_dir, pid, utc_now(), job_id, QUEUED),
             ).rowcount
         return changed == 1
+
+    def progress(self, job_id: str, running: Sequence[str], started: bool) -> None:
+        """What a running job has in flight; ``started``: an experiment has just started."""
+        values: dict[str, Any] = {"running": json.dumps(list(running))}
+        if started:
+            values["experiment_started_at"] = utc_now()
+        self._set(job_id, (RUNNING,), **values)
 
     def set_pid(self, job_id: str, pid: int) -> None:
         self._set(job_id, (RUNNING,), pid=pid)
@@ -313,6 +341,17 @@ class JobQueue:
             row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return row["status"] if row is not None else None
 
+    def delete(self, job_id: str) -> Job | None:
+        """Forget a finished job: its row, as it was (None: no such finished job)."""
+        marks = ",".join("?" * len(FINISHED))
+        with self._connection() as db:
+            row = db.execute(
+                f"SELECT * FROM jobs WHERE id = ? AND status IN ({marks})", (job_id, *FINISHED)
+            ).fetchone()
+            if row is not None:
+                db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        return Job.from_row(row) if row is not None else None
+
     def requeue_interrupted(self) -> list[str]:
         """After a restart: the jobs a dead service left running go back to the queue (they
         resume from their studies), those it was cancelling end cancelled. Their ids."""
@@ -325,6 +364,13 @@ class JobQueue:
             rows = db.execute("SELECT id FROM jobs WHERE status = ?", (RUNNING,)).fetchall()
             db.execute("UPDATE jobs SET status = ?, pid = NULL WHERE status = ?", (QUEUED, RUNNING))
         return [row["id"] for row in rows]
+
+
+def create_private(path: Path) -> None:
+    """Create the file at ``path`` readable by its owner only (0600), if it is not there:
+    SQLite creates its database, and its ``-wal`` and ``-shm`` files, with this mode."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 def _dumps(value: Mapping[str, Any] | None) -> str | None:

@@ -2,9 +2,12 @@
 anything is written or started.
 
 The fields are ``autotune run``'s flags, each meaning what the flag means; one left out means
-what ``run`` does without it. What a job may name on the cluster's file system is bounded:
-a script's working directory, and a user workload's module, must lie inside a root the
-service allows (``--allow-root``); built-in workloads need none. Nothing a request holds goes
+what ``run`` does without it. The fields' own rules (types, ranges: a seed NumPy takes, no
+``Infinity``) are the model's; :func:`check_request` checks what needs the service: the code
+a job names (a script's working directory and file, a ``-m`` module, a user workload's module)
+must resolve inside a root the service allows (``--allow-root``;
+:mod:`autotune.service.imports` finds where), a built-in or ``hf:`` workload must exist and
+take the arguments given, and the ranks must fit the cluster. Nothing a request holds goes
 through a shell: a script's argv is passed as a list.
 """
 
@@ -12,13 +15,18 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from autotune.config import EngineName, Metric, TunerType
+from autotune.config.autotuning import MAX_SEED
 from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD, DEFAULT_WORLD_SIZE
+from autotune.service.imports import import_problem_for_job, is_inside
+from autotune.workloads.args import did_you_mean
 
 if TYPE_CHECKING:
     from autotune.job import TuningJob
@@ -26,11 +34,19 @@ if TYPE_CHECKING:
 MAX_BODY_BYTES = 1 << 20  # a config and a script's argv fit many times over
 _MAX_ARG_CHARS = 4096
 _IDENTIFIER = r"[A-Za-z_]\w*"
-_USER_WORKLOAD = re.compile(rf"(?P<module>{_IDENTIFIER}(?:\.{_IDENTIFIER})*):{_IDENTIFIER}")
-_BUILTIN_OR_HF = re.compile(r"(hf:)?[A-Za-z0-9_][\w.\-/]*")
+_DOTTED = rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*"
+_MODULE = re.compile(_DOTTED)
+_USER_WORKLOAD = re.compile(rf"(?P<module>{_DOTTED}):{_IDENTIFIER}")
+_BUILTIN = re.compile(r"[A-Za-z0-9_][\w\-]*")
+# transformers' model types: gpt2, deberta-v2, xlm-roberta, kosmos-2.5; no path in them.
+_HF_MODEL_TYPE = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
 
-ArgValue = str | int | float | bool | None
 _Arg = Annotated[str, Field(max_length=_MAX_ARG_CHARS)]
+# A JSON number the job can use: not Infinity or NaN (which JSON itself does not have, and
+# which would be stored as null), an int within what torch and NumPy take.
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
+ArgValue = _Arg | Annotated[int, Field(ge=-(2**63), lt=2**63)] | _Finite | bool | None
+_ArgName = Annotated[str, StringConstraints(pattern=rf"^{_IDENTIFIER}$", max_length=128)]
 
 
 class RequestError(ValueError):
@@ -49,9 +65,7 @@ class JobRequest(BaseModel):
 
     config: dict[str, Any] | None = None
     workload: Annotated[str, Field(min_length=1, max_length=256)] = DEFAULT_WORKLOAD
-    workload_args: dict[Annotated[str, Field(max_length=128)], ArgValue] = Field(
-        default_factory=dict, max_length=256
-    )
+    workload_args: dict[_ArgName, ArgValue] = Field(default_factory=dict, max_length=256)
     world_size: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_WORLD_SIZE
     metric: Metric | None = None
     tuner: TunerType | None = None
@@ -62,11 +76,11 @@ class JobRequest(BaseModel):
     early_stopping: Annotated[int, Field(ge=1)] | None = None
     start_profile_step: Annotated[int, Field(ge=1)] | None = None
     end_profile_step: Annotated[int, Field(ge=1)] | None = None
-    timeout: Annotated[float, Field(ge=1)] | None = None
-    time_budget: Annotated[float, Field(gt=0)] | None = None
-    seed: int | None = None
+    timeout: Annotated[_Finite, Field(ge=1)] | None = None
+    time_budget: Annotated[_Finite, Field(gt=0)] | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     cpus_per_rank: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_CPUS_PER_RANK
-    gpus_per_rank: Annotated[float, Field(ge=0, le=64)] | None = None
+    gpus_per_rank: Annotated[_Finite, Field(ge=0, le=64)] | None = None
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
     script: Annotated[list[_Arg], Field(min_length=1, max_length=512)] | None = None
     cwd: Annotated[str, Field(max_length=_MAX_ARG_CHARS)] | None = None
@@ -121,53 +135,172 @@ class JobRequest(BaseModel):
         return _slug(self.workload)
 
 
-def check_request(request: JobRequest, allowed_roots: tuple[Path, ...]) -> None:
+def check_request(
+    request: JobRequest,
+    allowed_roots: tuple[Path, ...],
+    *,
+    allow_installed_modules: bool = False,
+    resources: Mapping[str, float] | None = None,
+    environment: Mapping[str, str] | None = None,
+) -> None:
     """What a request may name on this machine, checked before anything is written.
 
+    Args:
+        request: the job asked for.
+        allowed_roots: the folders its code may come from.
+        allow_installed_modules: a script may be ``-m`` of any module, installed ones too.
+        resources: the cluster's (``CPU``, ``GPU``), which its ranks must fit (None: not
+            checked).
+        environment: the environment a job's process gets, in which a module's name is
+            resolved (None: this process's).
+
     Raises:
-        RequestError: a script without ``cwd``, a ``cwd`` or user workload outside the
-            allowed roots, a workload spec that is none, a config that is not an object.
+        RequestError: a script without ``cwd``; a ``cwd``, script or module that resolves
+            outside the allowed roots (403); a workload that is none or whose arguments it
+            does not take; ranks the cluster cannot hold.
     """
+    environment = os.environ if environment is None else environment
     if request.script is not None or request.cwd is not None:
         if request.script is None:
             raise RequestError("cwd is for a script job: give script too")
         if request.cwd is None:
             raise RequestError("a script job needs cwd: the folder the script runs in")
         cwd = inside_roots(request.cwd, allowed_roots, "cwd")
-        if request.script[0] != "-m":
+        if request.script[0] == "-m":
+            _check_script_module(
+                request.script, cwd, allowed_roots, allow_installed_modules, environment
+            )
+        else:
             script = (cwd / request.script[0]).resolve()
-            if not _is_inside(script, (cwd, *allowed_roots)):
+            if not is_inside(script, (cwd, *allowed_roots)):
                 raise RequestError(f"script {request.script[0]!r} is outside cwd", 403)
             if not script.is_file():
                 raise RequestError(f"script {request.script[0]!r} does not exist in {cwd}")
+    elif _user_module(request.workload) is not None:
+        _check_user_workload(request.workload, allowed_roots, environment)
+    else:
+        _check_builtin_workload(request.workload, request.workload_args)
+    if resources is not None:
+        check_fits(request, resources)
+
+
+def _check_script_module(
+    script: list[str],
+    cwd: Path,
+    allowed_roots: tuple[Path, ...],
+    allow_installed: bool,
+    environment: Mapping[str, str],
+) -> None:
+    """``-m MODULE``: a module name, which (unless installed ones are allowed) resolves in
+    the script's folder's import path to files inside the allowed roots."""
+    module = script[1] if len(script) > 1 else ""
+    if not _MODULE.fullmatch(module):
+        raise RequestError(f"script -m {module!r}: expected a module name (package.module)")
+    if allow_installed:
         return
-    workload = request.workload
-    user = _USER_WORKLOAD.fullmatch(workload)
-    if user is None and (
-        ":" in workload.removeprefix("hf:") or not _BUILTIN_OR_HF.fullmatch(workload)
-    ):
+    problem = import_problem_for_job(
+        module, cwd=cwd, roots=allowed_roots, environment=environment, first=True
+    )
+    if problem is not None:
         raise RequestError(
-            f"workload {workload!r}: expected a built-in name, hf:<model_type>, or "
-            "package.module:function"
+            f"script -m {module}: {problem} (a service started with "
+            "--allow-installed-modules runs installed modules)",
+            403,
         )
-    if user is not None:
-        # A user workload is imported in every rank: only from a folder the service allows
-        # (never a module installed on the cluster, such as os or subprocess).
-        if not allowed_roots:
+
+
+def _check_user_workload(
+    workload: str, allowed_roots: tuple[Path, ...], environment: Mapping[str, str]
+) -> None:
+    """A user workload is imported in every rank: only from a folder the service allows,
+    never a module installed on the cluster (such as os or subprocess), nor one a root's
+    folder of the same name would only seem to be."""
+    if not allowed_roots:
+        raise RequestError(
+            f"workload {workload!r}: this service runs built-in workloads only (start it "
+            "with --allow-root DIR to allow workloads from DIR)",
+            403,
+        )
+    module = workload.partition(":")[0]
+    root = user_workload_root(workload, allowed_roots)
+    if root is None:
+        raise RequestError(
+            f"workload {workload!r}: module {module.split('.')[0]!r} is in none of the "
+            f"allowed roots ({', '.join(str(r) for r in allowed_roots)})",
+            403,
+        )
+    problem = import_problem_for_job(
+        module, cwd=root, roots=allowed_roots, environment=environment, first=False
+    )
+    if problem is not None:
+        raise RequestError(f"workload {workload!r}: {problem}", 403)
+
+
+def _check_builtin_workload(workload: str, workload_args: Mapping[str, ArgValue]) -> None:
+    """A built-in name or ``hf:<model_type>`` (code installed with autotune and
+    ``transformers``), with arguments it takes, of its types."""
+    from autotune.workloads import WorkloadError
+    from autotune.workloads.hf import HF_PREFIX
+    from autotune.workloads.registry import check_arguments, find_factory
+
+    expected = "expected a built-in name, hf:<model_type>, or package.module:function"
+    if workload.startswith(HF_PREFIX):
+        model_type = workload.removeprefix(HF_PREFIX)
+        if not _HF_MODEL_TYPE.fullmatch(model_type):
+            raise RequestError(f"workload {workload!r}: {expected}")
+        known = hf_model_types()
+        if known is not None and model_type not in known:
             raise RequestError(
-                f"workload {workload!r}: this service runs built-in workloads only (start it "
-                "with --allow-root DIR to allow workloads from DIR)",
-                403,
+                f"workload {workload!r}: transformers has no model type {model_type!r}"
+                + did_you_mean(model_type, known)
             )
-        top = user["module"].split(".")[0]
-        if not any(
-            (root / top).is_dir() or (root / f"{top}.py").is_file() for root in allowed_roots
-        ):
+        implementation = workload_args.get("attn_implementation")
+        if isinstance(implementation, str) and "/" in implementation:
             raise RequestError(
-                f"workload {workload!r}: module {top!r} is in none of the allowed roots "
-                f"({', '.join(str(r) for r in allowed_roots)})",
-                403,
+                f"workload {workload!r}: attn_implementation {implementation!r} names a Hub "
+                "repository, whose kernels this service does not download"
             )
+    elif ":" in workload or not _BUILTIN.fullmatch(workload):
+        raise RequestError(f"workload {workload!r}: {expected}")
+    try:
+        check_arguments(workload, find_factory(workload), workload_args)
+    except WorkloadError as err:
+        raise RequestError(str(err)) from None
+
+
+@lru_cache(maxsize=1)
+def hf_model_types() -> frozenset[str] | None:
+    """The model types ``transformers`` builds (None: it is not installed here)."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return None
+    return frozenset(CONFIG_MAPPING_NAMES)
+
+
+def check_fits(request: JobRequest, resources: Mapping[str, float]) -> None:
+    """The job's ranks fit the cluster: ``world_size`` × CPUs (and GPUs) per rank at most
+    what it has, else no experiment could ever be placed.
+
+    Raises:
+        RequestError: they do not.
+    """
+    cpus = request.world_size * request.cpus_per_rank
+    have_cpus = resources.get("CPU", 0.0)
+    if cpus > have_cpus:
+        raise RequestError(
+            f"world_size {request.world_size} × cpus_per_rank {request.cpus_per_rank} needs "
+            f"{cpus} CPUs: the cluster has {have_cpus:g}"
+        )
+    have_gpus = resources.get("GPU", 0.0)
+    per_rank = request.gpus_per_rank
+    if per_rank is None:  # as the runner decides: one each where the cluster has GPUs
+        per_rank = 1.0 if have_gpus >= 1 else 0.0
+    if request.world_size * per_rank > have_gpus:
+        raise RequestError(
+            f"world_size {request.world_size} × gpus_per_rank {per_rank:g} needs "
+            f"{request.world_size * per_rank:g} GPUs: the cluster has {have_gpus:g}"
+        )
 
 
 def inside_roots(path: str, allowed_roots: tuple[Path, ...], what: str) -> Path:
@@ -184,7 +317,7 @@ def inside_roots(path: str, allowed_roots: tuple[Path, ...], what: str) -> Path:
     if not os.path.isabs(path):
         raise RequestError(f"{what} {path!r}: give an absolute path")
     resolved = Path(path).resolve()
-    if not _is_inside(resolved, allowed_roots):
+    if not is_inside(resolved, allowed_roots):
         raise RequestError(f"{what} {path!r} is outside the allowed roots", 403)
     if not resolved.is_dir():
         raise RequestError(f"{what} {path!r} is not a folder")
@@ -193,18 +326,20 @@ def inside_roots(path: str, allowed_roots: tuple[Path, ...], what: str) -> Path:
 
 def user_workload_root(workload: str, allowed_roots: tuple[Path, ...]) -> Path | None:
     """The allowed root a user workload's module is imported from (None: a built-in)."""
-    user = _USER_WORKLOAD.fullmatch(workload)
-    if user is None:
+    module = _user_module(workload)
+    if module is None:
         return None
-    top = user["module"].split(".")[0]
+    top = module.split(".")[0]
     for root in allowed_roots:
         if (root / top).is_dir() or (root / f"{top}.py").is_file():
             return root
     return None
 
 
-def _is_inside(path: Path, roots: tuple[Path, ...]) -> bool:
-    return any(path == root.resolve() or root.resolve() in path.parents for root in roots)
+def _user_module(workload: str) -> str | None:
+    """The module of a ``package.module:function`` workload (None: a built-in or hf: one)."""
+    user = _USER_WORKLOAD.fullmatch(workload)
+    return user["module"] if user is not None and not workload.startswith("hf:") else None
 
 
 def _slug(text: str) -> str:

@@ -4,14 +4,24 @@ the HTTP server run until Ctrl-C."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from autotune.service.queue import JobQueue
-from autotune.service.settings import STUDIES_NAME, ServiceSettings, SettingsError
+from autotune.service.queue import JobQueue, create_private
+from autotune.service.settings import (
+    STUDIES_NAME,
+    ServiceSettings,
+    SettingsError,
+    lend_password,
+    url_password,
+    url_without_password,
+    without_secrets,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -29,14 +39,18 @@ def serve(settings: ServiceSettings) -> None:
     from autotune.service.scheduler import Scheduler
 
     _check_port(settings.host, settings.port)
+    # Everything the service and its jobs write is its owner's alone (a job's logs may hold
+    # what its script printed): folders 0700, files 0600.
+    os.umask(0o077)
+    withdraw_secrets(settings)
     queue = open_queue(settings)
     resumed = queue.requeue_interrupted()
     storage = open_storage(settings)
-    ray_address, gpus = None, None
+    ray_address, resources = None, local_resources
     if settings.runner == "ray":
-        ray_address, gpus = _join_ray(settings)
-    scheduler = Scheduler(settings, queue, gpus or (lambda: 0.0), ray_address)
-    app = create_app(settings, queue, storage, scheduler.wake)
+        ray_address, resources = _join_ray(settings)
+    scheduler = Scheduler(settings, queue, lambda: float(resources().get("GPU", 0.0)), ray_address)
+    app = create_app(settings, queue, storage, scheduler.wake, resources)
     scheduler.start()
     where = f"http://{settings.host}:{settings.port}"
     print(
@@ -60,11 +74,37 @@ def serve(settings: ServiceSettings) -> None:
 
 
 def open_queue(settings: ServiceSettings) -> JobQueue:
+    """The queue in the state directory, which is made private to its owner (0700: the
+    jobs' logs and requests are the service's users' business only)."""
     try:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        settings.state_dir.chmod(0o700)
         return JobQueue(settings.queue_path)
     except (OSError, sqlite3.Error) as err:
         raise SettingsError(f"--state-dir {settings.state_dir}: {err}") from None
+
+
+def withdraw_secrets(settings: ServiceSettings) -> None:
+    """Take the token and the storage's password out of this process's environment before
+    it starts anything: a local Ray's processes (a job's ranks among them) inherit it, and a
+    job's process is given only what :func:`autotune.service.scheduler.job_environment`
+    gives. The storage's password is given to database connections as they connect."""
+    kept = without_secrets(os.environ, settings.secret_values)
+    for name in [name for name in os.environ if name not in kept]:
+        del os.environ[name]
+    lend_password(settings.storage_url)
+
+
+def local_resources() -> Mapping[str, float]:
+    """What jobs run on without Ray: this machine's cores and GPUs."""
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(_local_gpus())}
+
+
+@lru_cache(maxsize=1)
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def open_storage(settings: ServiceSettings) -> optuna.storages.BaseStorage:
@@ -74,7 +114,9 @@ def open_storage(settings: ServiceSettings) -> optuna.storages.BaseStorage:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if settings.storage is None:
-        with contextlib.closing(sqlite3.connect(settings.state_dir / STUDIES_NAME)) as db:
+        path = settings.state_dir / STUDIES_NAME
+        create_private(path)
+        with contextlib.closing(sqlite3.connect(path)) as db:
             db.execute("PRAGMA journal_mode=WAL")
     try:
         return optuna.storages.get_storage(settings.storage_url)
@@ -82,9 +124,9 @@ def open_storage(settings: ServiceSettings) -> optuna.storages.BaseStorage:
         raise SettingsError(f"--storage {_shown(settings.storage_url)}: {err}") from None
 
 
-def _join_ray(settings: ServiceSettings) -> tuple[str, Callable[[], float]]:
+def _join_ray(settings: ServiceSettings) -> tuple[str, Callable[[], Mapping[str, float]]]:
     """Join the cluster at ``--address``, or start a local one; its address, and a function
-    that counts its GPUs."""
+    that counts its resources (CPUs, GPUs)."""
     import ray
 
     from autotune.runner.ray_cluster import connect_ray
@@ -94,7 +136,7 @@ def _join_ray(settings: ServiceSettings) -> tuple[str, Callable[[], float]]:
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise SettingsError(f"--address {settings.address}: {err}") from None
     address = str(ray.get_runtime_context().gcs_address)
-    return address, lambda: float(ray.cluster_resources().get("GPU", 0.0))
+    return address, ray.cluster_resources
 
 
 def _check_port(host: str, port: int) -> None:
@@ -107,10 +149,9 @@ def _check_port(host: str, port: int) -> None:
 
 
 def _shown(url: str) -> str:
-    """A storage URL without its password."""
-    if "://" not in url or "@" not in url:
+    """A storage URL with its password masked."""
+    if url_password(url) is None:
         return url
-    scheme, rest = url.split("://", 1)
-    credentials, host = rest.rsplit("@", 1)
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+    scheme, rest = url_without_password(url).split("://", 1)
+    user, host = rest.rsplit("@", 1)
+    return f"{scheme}://{user}:***@{host}"

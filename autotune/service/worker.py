@@ -8,28 +8,39 @@ directory and the service's storage, from what earlier jobs on this hardware tau
 
 Signals: SIGINT (the service's cancel) stops the job as Ctrl-C stops a run: the experiments
 in flight are cancelled and the job ends ``cancelled``. SIGTERM (the service shutting down)
-stops it the same way but leaves it ``running``, to resume when the service starts again. The
-process dies with the service (Linux's parent-death signal): a ``kill -9`` of the service
-leaves no job running that the next service would not know of.
+stops it the same way but leaves it ``running``, to resume when the service starts again.
+:data:`STACK_SIGNAL` writes every thread's stack to the job's log (``faulthandler``: even a
+thread stuck in C code), for the service to say where a stuck job hung
+(:func:`where_it_hung`). The process dies with the service (Linux's parent-death signal): a
+``kill -9`` of the service leaves no job running that the next service would not know of.
+
+The storage's URL comes on standard input, and is opened without its password, which this
+process's database connections are given as they connect
+(:func:`autotune.service.settings.lend_password`): neither the job's environment (every rank
+inherits it) nor its files (``study.json``) hold the password.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
+import inspect
 import json
 import os
+import re
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.service import knowledge
 from autotune.service.queue import CANCELLED, FAILED, SUCCEEDED, Job, JobQueue, utc_now
 from autotune.service.requests import JobRequest, placement, tuning_job, user_workload_root
-from autotune.service.settings import QUEUE_NAME
+from autotune.service.settings import QUEUE_NAME, lend_password
 
 if TYPE_CHECKING:
     import optuna
@@ -39,13 +50,14 @@ if TYPE_CHECKING:
     from autotune.tuner.warm_start import WarmStart
     from autotune.tuning import TuningEvent, TuningReport
 
-# How the service tells a job's process where things are (the storage URL may hold a
-# password: an environment variable, unlike an argument, is not shown to other users).
-STORAGE_ENV = "AUTOTUNE_SERVICE_STORAGE"
+# How the service tells a job's process where things are (the storage URL, which may hold a
+# password, comes on standard input instead).
 RUNNER_ENV = "AUTOTUNE_SERVICE_RUNNER"
 RAY_ADDRESS_ENV = "AUTOTUNE_SERVICE_RAY_ADDRESS"
 ROOTS_ENV = "AUTOTUNE_SERVICE_ROOTS"
+ALLOW_INSTALLED_ENV = "AUTOTUNE_SERVICE_ALLOW_INSTALLED"  # "1": -m of installed modules
 PROFILES_ENV = "AUTOTUNE_SERVICE_PROFILES"
+STACK_SIGNAL = signal.SIGUSR1
 # A job resumed after a kill waits this long for the killed process's lock to go.
 LOCK_WAIT_S = 60.0
 
@@ -62,13 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with(args.parent_pid)
     signal.signal(signal.SIGTERM, _stopping)
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    storage_url = _read_storage_url()
     queue = JobQueue(args.state_dir / QUEUE_NAME)
     job = queue.get(args.job)
     if job is None or job.results_dir is None:
         print(f"no running job {args.job} in {args.state_dir}", file=sys.stderr)
         return 2
     try:
-        status = JobRun(queue, job).run()
+        status = JobRun(queue, job, lend_password(storage_url)).run()
     except ServiceStopping:
         print("the service is stopping: the job resumes when it starts again", file=sys.stderr)
         return 143
@@ -78,12 +92,12 @@ def main(argv: list[str] | None = None) -> int:
 class JobRun:
     """One start of a job (a resumed job is started again, from its study)."""
 
-    def __init__(self, queue: JobQueue, job: Job) -> None:
+    def __init__(self, queue: JobQueue, job: Job, storage_url: str) -> None:
         self.queue = queue
         self.job = job
         self.request = JobRequest.model_validate(job.request)
         self.results_dir = Path(str(job.results_dir))
-        self.storage_url = os.environ[STORAGE_ENV]
+        self.storage_url = storage_url
         self._study: optuna.Study | None = None
         self._metric: Metric | None = None  # what the job ranks by, once it is loaded
         self._limit: int | None = None  # its per-rank memory budget
@@ -106,6 +120,7 @@ class JobRun:
         )
         try:
             self._enter_cwd()
+            self._check_code()
             return self._run()
         except KeyboardInterrupt:  # the service's cancel
             self.queue.finish(self.job.id, CANCELLED, error="cancelled")
@@ -192,6 +207,9 @@ class JobRun:
     def _on_event(self, event: TuningEvent) -> None:
         from autotune.tuning import EventKind
 
+        if event.kind in (EventKind.started, EventKind.finished):
+            running = [candidate.name for candidate in event.running]
+            self.queue.progress(self.job.id, running, started=event.kind is EventKind.started)
         if event.kind is EventKind.finished and event.result is not None:
             result = event.result
             measured = result.metrics.throughput if result.metrics is not None else None
@@ -241,6 +259,7 @@ class JobRun:
         best = {
             "name": summary.best.name,
             "value": summary.best.value,
+            "metric": summary.metric.value,
             "ds_config": json.loads(report.optimal_config_path.read_text()),
         }
         command = report.command or report.train_with
@@ -288,10 +307,142 @@ class JobRun:
         if self.request.cwd is not None:
             os.chdir(self.request.cwd)
             return
-        roots = tuple(Path(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p)
-        root = user_workload_root(self.request.workload, roots)
+        root = user_workload_root(self.request.workload, _roots())
         if root is not None:
             os.chdir(root)
+
+    def _check_code(self) -> None:
+        """What the job runs of its own resolves inside the allowed roots, here, as this
+        process will import it (the service asked the same when the job was submitted; a
+        root may have changed since): a ``-m`` script's module (unless the service runs
+        installed ones), a user workload's module and the function it names.
+
+        Raises:
+            WorkloadError: it resolves outside them.
+        """
+        from autotune.service.imports import import_problem, is_inside
+        from autotune.workloads import WorkloadError
+
+        roots, script = _roots(), self.request.script
+        if script is not None:
+            if script[0] == "-m" and os.environ.get(ALLOW_INSTALLED_ENV) != "1":
+                problem = import_problem(script[1], [os.getcwd(), *sys.path], roots)
+                if problem is not None:
+                    raise WorkloadError(f"script -m {script[1]}: {problem}")
+            return
+        if user_workload_root(self.request.workload, roots) is None:
+            return  # a built-in
+        from autotune.workloads.registry import find_factory
+
+        module = self.request.workload.partition(":")[0]
+        problem = import_problem(module, [*sys.path, os.getcwd()], roots)
+        if problem is not None:
+            raise WorkloadError(f"workload {self.request.workload!r}: {problem}")
+        defined_in = _defining_file(find_factory(self.request.workload))
+        if defined_in is None or not is_inside(defined_in, roots):
+            raise WorkloadError(
+                f"workload {self.request.workload!r}: the function it names is defined in "
+                f"{defined_in or 'no file (built into Python)'}, outside the allowed roots"
+            )
+
+
+def _roots() -> tuple[Path, ...]:
+    return tuple(Path(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p)
+
+
+def _defining_file(function: Callable[..., Any]) -> str | None:
+    """The file that defines ``function`` (a partial's function's), None for one built into
+    Python."""
+    while hasattr(function, "func"):  # functools.partial
+        function = function.func
+    try:
+        return inspect.getfile(function)
+    except TypeError:
+        return None
+
+
+def _read_storage_url() -> str:
+    """The storage's URL, the service's first line on standard input, which is then closed
+    (nothing the job runs reads it)."""
+    url = sys.stdin.readline().strip()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return url
+
+
+# --- where a stuck job hung -------------------------------------------------------------------
+
+# What a frame of the job's main thread says it was doing, the innermost that says first.
+_DOING = (
+    ("autotune/workloads/registry.py", "_import_module", "importing the workload's module"),
+    ("autotune/script_target.py", "_module_file", "finding the script's module"),
+    ("autotune/workloads/", "", "building the workload"),
+    ("autotune/service/knowledge.py", "model_size", "building the workload"),
+    ("autotune/profiling/", "", "profiling the model"),
+    ("autotune/service/worker.py", "_wait_for_lock", "waiting for its results' lock"),
+    ("/ray/", "", "on Ray (starting it, or waiting for its ranks to be placed)"),
+    ("autotune/runner/", "", "starting its ranks"),
+    ("autotune/service/worker.py", "_answer", "looking up an earlier answer"),
+    ("/optuna/", "", "opening its study"),
+    ("/sqlalchemy/", "", "opening its study"),
+    ("autotune/tuner/", "", "choosing its first experiment"),
+    ("autotune/", "", "starting its run"),
+)
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+_MAIN_THREAD_END = "_run_module_as_main"
+
+
+def stack_complete(dump: str) -> bool:
+    """Whether ``dump`` (what the log gained since :data:`STACK_SIGNAL`) holds the main
+    thread's whole stack, which ``faulthandler`` writes last."""
+    return _MAIN_THREAD_END in dump
+
+
+def where_it_hung(dump: str) -> str:
+    """Where the job's main thread is, from the stacks ``faulthandler`` wrote: what it was
+    doing and its innermost line of code (and, where that is a library's, the innermost of
+    the job's own or autotune's that called it), on one line.
+
+    Example:
+        >>> where_it_hung('''
+        ... Current thread 0x1 (most recent call first):
+        ...   File "/srv/code/slow.py", line 3 in <module>
+        ...   File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed
+        ...   File "/x/autotune/workloads/registry.py", line 60 in _import_module
+        ...   File "<frozen runpy>", line 198 in _run_module_as_main
+        ... ''')
+        "importing the workload's module (at /srv/code/slow.py, line 3, in <module>)"
+    """
+    threads = [b for b in re.split(r"\n(?=\S)", dump) if "most recent call first" in b]
+    main = next((b for b in threads if _MAIN_THREAD_END in b), threads[-1] if threads else "")
+    frames = [m for m in map(_FRAME.match, main.splitlines()) if m is not None]
+    if not frames:
+        return "where, its process did not say (it wrote no stack)"
+    doing = next(
+        (
+            said
+            for frame in frames
+            for path, function, said in _DOING
+            if path in frame["file"] and function in ("", frame["function"])
+        ),
+        "starting",
+    )
+    code = [frame for frame in frames if not frame["file"].startswith("<")] or frames
+    own = next((frame for frame in code if not _is_library(frame["file"])), None)
+    called = f", called from {_at(own)}" if own is not None and own is not code[0] else ""
+    return f"{doing} (at {_at(code[0])}{called})"
+
+
+def _at(frame: re.Match[str]) -> str:
+    return f"{frame['file']}, line {frame['line']}, in {frame['function']}"
+
+
+def _is_library(file: str) -> bool:
+    """Whether ``file`` is Python's own or an installed package's."""
+    import sysconfig
+
+    return "-packages/" in file or file.startswith(sysconfig.get_paths()["stdlib"])
 
 
 def _storage(url: str) -> optuna.storages.BaseStorage:

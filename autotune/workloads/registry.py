@@ -8,6 +8,7 @@ import inspect
 import os
 import re
 import sys
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -137,30 +138,61 @@ def _as_workload(spec: str, result: object) -> Workload:
     return Workload(model=model, make_batch=make_batch, activation_checkpointing=switch)
 
 
-def _check_arguments(spec: str, factory: Callable[..., Any], args: Mapping[str, Any]) -> None:
-    """Each ``-a`` name is one the factory takes: a typo is named, with the closest name,
-    rather than the factory's ``TypeError`` (which names neither the closest nor the rest)."""
+def check_arguments(spec: str, factory: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """Each argument is one the factory takes, of the type it declares: a typo is named, with
+    the closest name, and a wrong type with the expected one, rather than the factory's
+    ``TypeError`` (which names neither) or a failure deep in building the model.
+
+    Raises:
+        WorkloadError: an argument the factory does not take, or of another type than its
+            annotation (``n_layer: int`` given ``"four"``).
+    """
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # no signature to read (a builtin): the call will say
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return  # it takes any name (hf:<model_type> checks them against its config itself)
     names = [
         name
         for name, p in parameters.items()
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     ]
-    for key in args:
-        if key not in names:
+    # A factory that takes any name (hf:<model_type>) checks them against its config itself.
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        for key in args:
+            if key not in names:
+                raise WorkloadError(
+                    f"workload {spec!r}: no argument {key!r}{did_you_mean(key, names)}; it "
+                    f"takes {', '.join(names) or 'none'}"
+                )
+    _check_argument_types(spec, factory, {k: v for k, v in args.items() if k in names})
+
+
+def _check_argument_types(spec: str, factory: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    import pydantic
+
+    target = factory.func if isinstance(factory, functools.partial) else factory
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # an annotation that does not resolve: the call will say
+        return
+    for key, value in args.items():
+        if key not in hints:
+            continue
+        try:
+            # Strict: 4.0 is no int, "4" no number, true no int (JSON's values as given).
+            pydantic.TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except pydantic.ValidationError:
+            expected = getattr(hints[key], "__name__", None) or str(hints[key])
             raise WorkloadError(
-                f"workload {spec!r}: no argument {key!r}{did_you_mean(key, names)}; it takes "
-                f"{', '.join(names) or 'none'}"
-            )
+                f"workload {spec!r}: argument {key!r} is {value!r} ({type(value).__name__}); "
+                f"expected {expected}"
+            ) from None
+        except pydantic.PydanticSchemaGenerationError:
+            continue  # a type pydantic cannot check: the call will say
 
 
 def _build(spec: str, factory: Callable[..., Any], args: Mapping[str, Any], seed: int) -> Workload:
-    _check_arguments(spec, factory, args)
+    check_arguments(spec, factory, args)
     # fork_rng: seed the initialisation without leaving the caller's global RNG changed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

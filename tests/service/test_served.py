@@ -38,6 +38,22 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's headless Chromium, driven by Playwright (skipped where there is none, except
+    in CI, which installs it)."""
+    executable = chromium()
+    if executable is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI installs chromium-headless-shell: .ci/run")
+        pytest.skip("no headless Chromium here (apt-get install chromium-headless-shell)")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=executable)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
 def first_job(service: Served) -> dict[str, Any]:
     answer = service.submit(SMALL_JOB)
     assert answer["status"] == "queued" and answer["cached"] is False
@@ -107,10 +123,21 @@ def test_another_model_starts_from_what_the_first_taught(
     assert "z" in planned.output
 
 
-def test_a_running_job_is_cancelled_as_ctrl_c_stops_a_run(service: Served) -> None:
+def test_a_running_job_is_cancelled_as_ctrl_c_stops_a_run(
+    service: Served, browser: Any, tmp_path: Path
+) -> None:
     job = {**SMALL_JOB, "workload_args": {"d_hidden": 80}, "num_trials": 6, "tuner": "gridsearch"}
     answer = service.submit(job)
     service.wait(answer["id"], until=lambda view: view["experiments"] >= 1)
+    # The page shows it running: for how long, the experiment in flight, its log's end.
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(f"{service.url}/?job={answer['id']}")
+    page.wait_for_selector("#progress")
+    assert page.inner_text("#progress").startswith("Running for ")
+    assert "finished z" in page.inner_text("#log")  # an experiment's line
+    assert "d_hidden=80" in page.inner_text("#job-args")
+    page.screenshot(path=str(tmp_path / "running.png"), full_page=True)
+    page.close()
     status, view = service.call("DELETE", f"/api/jobs/{answer['id']}")
     # Stopping is under way, or already over where the job's process ended at once (between
     # experiments, Ctrl-C has nothing to wait for) before the answer was read back.
@@ -124,72 +151,88 @@ def test_a_running_job_is_cancelled_as_ctrl_c_stops_a_run(service: Served) -> No
 
 
 def test_the_page_shows_the_jobs_the_answer_and_the_study(
-    service: Served, first_job: dict[str, Any], tmp_path: Path
+    service: Served, first_job: dict[str, Any], browser: Any, tmp_path: Path
 ) -> None:
-    executable = chromium()
-    if executable is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI installs chromium-headless-shell: .ci/run")
-        pytest.skip("no headless Chromium here (apt-get install chromium-headless-shell)")
-    playwright = pytest.importorskip("playwright.sync_api")
     import matplotlib.image
 
     shot = tmp_path / "page.png"
-    with playwright.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=executable)
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.goto(f"{service.url}/?job={first_job['id']}")
-        page.wait_for_selector("#best-config")
-        assert page.inner_text("#job-status") == "succeeded"
-        assert page.inner_text("#best-name") == first_job["best"]["name"]
-        assert '"zero_optimization"' in page.inner_text("#best-config")
-        assert "--deepspeed_config" in page.inner_text("#command")
-        assert first_job["id"] in page.inner_text("#jobs")
-        rows = page.locator("#experiments tbody tr")
-        assert rows.count() == first_job["experiments"]
-        # The study, in optuna-dashboard: its views and autotune's three figures.
-        study = page.frame_locator("#study")
-        for title in (
-            "against micro-batch, by ZeRO stage",
-            "with the device's limit",
-            "prediction against the measured",
-        ):
-            study.get_by_text(title).first.wait_for(timeout=30_000)
-        page.screenshot(path=str(shot), full_page=True)
-        browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page.goto(f"{service.url}/?job={first_job['id']}")
+    page.wait_for_selector("#best-config")
+    assert page.inner_text("#job-status") == "succeeded"
+    assert page.inner_text("#best-name") == first_job["best"]["name"]
+    assert page.inner_text("#best-value").endswith(" samples/s")  # the value has its unit
+    assert '"zero_optimization"' in page.inner_text("#best-config")
+    assert "--deepspeed_config" in page.inner_text("#command")
+    assert first_job["id"] in page.inner_text("#jobs")
+    rows = page.locator("#experiments tbody tr")
+    assert rows.count() == first_job["experiments"]
+    # The study, in optuna-dashboard: its views and autotune's three figures.
+    study = page.frame_locator("#study")
+    for title in (
+        "against micro-batch, by ZeRO stage",
+        "with the device's limit",
+        "prediction against the measured",
+    ):
+        study.get_by_text(title).first.wait_for(timeout=30_000)
+    page.screenshot(path=str(shot), full_page=True)
+    # Its list of studies, read-only: the buttons that could only fail are hidden, and why.
+    page.goto(f"{service.url}/dashboard")
+    page.get_by_text(first_job["study"]).first.wait_for(timeout=30_000)
+    assert page.is_visible("#autotune-read-only")
+    for label in ("rename study", "delete study"):
+        assert page.locator(f"button[aria-label='{label}']").count() >= 1
+        assert page.locator(f"button[aria-label='{label}']").first.is_hidden()
+    assert page.get_by_role("button", name="Create").is_hidden()
+    assert page.get_by_role("button", name="Reload").is_visible()  # reading stays
+    page.close()
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[0] > 1000 and pixels.shape[1] == 1400
     header = pixels[10, 700, :3]  # the page's dark blue header bar
     assert header[2] > header[0] + 0.2
 
 
-def test_the_page_asks_for_the_token(tmp_path: Path) -> None:
-    executable = chromium()
-    if executable is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI installs chromium-headless-shell: .ci/run")
-        pytest.skip("no headless Chromium here (apt-get install chromium-headless-shell)")
-    playwright = pytest.importorskip("playwright.sync_api")
-    served = Served(tmp_path / "state", "--runner", "local", env={"AUTOTUNE_TOKEN": "tok-123"})
+def test_the_page_asks_for_the_token(browser: Any, tmp_path: Path) -> None:
+    import matplotlib.image
+
+    served = Served(
+        tmp_path / "state", "--runner", "local", env={"AUTOTUNE_TOKEN": "tok-123-of-the-page-test"}
+    )
     served.start()
     try:
         assert served.call("GET", "/api/jobs")[0] == 401
-        assert served.call("GET", "/api/jobs", token="tok-123")[0] == 200
-        with playwright.sync_playwright() as driver:
-            browser = driver.chromium.launch(executable_path=executable)
-            page = browser.new_page()
-            page.goto(served.url)
-            page.wait_for_selector("#login:not([hidden])")
-            page.fill("#token", "wrong")
-            page.click("#login button")
-            page.wait_for_selector("#login-error:has-text('not this service')")
-            page.fill("#token", "tok-123")
-            page.click("#login button")
-            page.wait_for_selector("#no-jobs:not([hidden])")
-            assert page.is_hidden("#login")
-            browser.close()
+        assert served.call("GET", "/api/jobs", token="tok-123-of-the-page-test")[0] == 200
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(served.url)
+        page.wait_for_selector("#login:not([hidden])")
+        # Logged out, the login box is all there is: no empty job panel under or over it.
+        page.screenshot(path=str(tmp_path / "login.png"))
+        login = page.locator("#login").bounding_box()
+        assert login is not None
+        assert page.is_hidden("#app"), "the job panel shows while logged out"
+        assert _overlap(login, page.locator("#app").bounding_box()) == 0
+        pixels = matplotlib.image.imread(tmp_path / "login.png")
+        below = pixels[int(login["y"] + login["height"]) + 20 :, :, :3]
+        assert below.min() > 0.9  # nothing drawn below the login box: the page's background
+        page.fill("#token", "wrong")
+        page.click("#login button")
+        page.wait_for_selector("#login-error:has-text('not this service')")
+        page.fill("#token", "tok-123-of-the-page-test")
+        page.click("#login button")
+        page.wait_for_selector("#no-jobs:not([hidden])")
+        assert page.is_hidden("#login")
+        page.close()
     finally:
         served.stop()
+
+
+def _overlap(one: dict[str, float], other: dict[str, float] | None) -> float:
+    """The area two bounding boxes share (a hidden element has none)."""
+    if other is None:
+        return 0.0
+    width = min(one["x"] + one["width"], other["x"] + other["width"]) - max(one["x"], other["x"])
+    height = min(one["y"] + one["height"], other["y"] + other["height"]) - max(one["y"], other["y"])
+    return max(0.0, width) * max(0.0, height)
 
 
 def test_kill_9_while_a_job_runs_then_restart_loses_nothing_and_runs_nothing_twice(

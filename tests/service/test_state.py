@@ -36,6 +36,30 @@ def test_a_restart_requeues_running_jobs_in_submission_order(tmp_path: Path) -> 
     assert again.get(first.id).starts == 2  # type: ignore[union-attr]
 
 
+def test_a_queue_an_earlier_service_wrote_gains_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "jobs.db"
+    with sqlite3.connect(path) as db:  # the first schema, one job queued in it
+        db.execute(
+            "CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, "
+            "request TEXT NOT NULL, key TEXT, status TEXT NOT NULL, cached INTEGER NOT NULL "
+            "DEFAULT 0, cached_from TEXT, error TEXT, best TEXT, results_dir TEXT, study TEXT, "
+            "warm_start TEXT, command TEXT, experiments INTEGER, pid INTEGER, cancel_requested "
+            "INTEGER NOT NULL DEFAULT 0, starts INTEGER NOT NULL DEFAULT 0, created_at TEXT NOT "
+            "NULL, started_at TEXT, finished_at TEXT)"
+        )
+        db.execute(
+            "INSERT INTO jobs (id, request, status, created_at) VALUES ('old', '{}', ?, 'now')",
+            (QUEUED,),
+        )
+    queue = JobQueue(path)
+    assert queue.start("old", "/r", pid=None)
+    queue.progress("old", ["z1_mbs8"], started=True)
+    job = queue.get("old")
+    assert job is not None and job.running == ("z1_mbs8",) and job.experiment_started_at
+
+
 def test_a_status_changes_only_from_the_one_expected(tmp_path: Path) -> None:
     queue = JobQueue(tmp_path / "jobs.db")
     job = queue.add({})
@@ -131,6 +155,15 @@ def test_serve_refuses_an_open_host_without_a_token_in_one_line(
     empty.write_text("")
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--token-file", str(empty)])
     assert result.exit_code == 2 and "is empty" in result.output
+    short = tmp_path / "short"
+    short.write_text("guessable\n")
+    state = tmp_path / "s"
+    result = CliRunner().invoke(
+        app, ["serve", "--token-file", str(short), "--state-dir", str(state)]
+    )
+    assert result.exit_code == 2
+    assert result.output.startswith("error: the token has 9 characters: use at least 16")
+    assert len(result.output.strip().splitlines()) == 1 and not state.exists()
 
 
 def scheduler(runner: str, gpus: float, held: list[float]) -> Scheduler:
