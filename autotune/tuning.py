@@ -14,7 +14,6 @@ node's CPUs for up to that long and tells it how that went.
 from __future__ import annotations
 
 import enum
-import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -204,9 +203,10 @@ def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: P
     measured it (None for a workload: its training script is the user's own)."""
     if job.script is None:
         return None
+    from autotune.deepspeed.launcher import training_command as script_command
+
     launcher = measuring_engine(job.config.autotuning.engine).launcher(job.world_size)
-    path = str(optimal_path.resolve())
-    return shlex.join(job.script.command(optimal, path, launcher))
+    return script_command(job.script, optimal, optimal_path, launcher, job.world_size)
 
 
 def _run_to_the_end(
