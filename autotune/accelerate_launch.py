@@ -61,7 +61,6 @@ _PRECISION_SECTIONS: dict[str, dict[str, Any]] = {
     "bf16": {"bf16": {"enabled": True}},
     "fp16": {"fp16": {"enabled": True, "auto_cast": True}},
 }
-TUNED_YAML_NAME = "accelerate_config_optimal.yaml"
 # The deepspeed_config keys accelerate launch passes on as environment variables.
 _ENVIRONMENT = {
     "zero_stage": "ACCELERATE_DEEPSPEED_ZERO_STAGE",

@@ -227,9 +227,14 @@ class ScriptTarget:
                 launch_yaml_path(config_path), self.script_command(), argv
             )
             return [*launcher, *own] if launcher[:2] == ["autotune", "exec"] else own
-        if config_flag(argv) is None and not self.key_value:
+        if self.adds_config_argument():
             argv += ["--deepspeed_config", config_path]
         return [*launcher, *self.script_command(), *argv]
+
+    def adds_config_argument(self) -> bool:
+        """Whether :meth:`command` gives the script a config argument its experiments did
+        not have (``--deepspeed_config``: it names no config file of its own)."""
+        return self.accelerate is None and not self.key_value and config_flag(self.args) is None
 
     def file_hash(self) -> str:
         """sha256 of the script's file: a changed script is a different tuning job."""
@@ -339,9 +344,9 @@ def set_key_value(args: Sequence[str], key: str, value: str) -> list[str]:
 
 def launch_yaml_path(config_path: str) -> str:
     """Where the Accelerate YAML that names ``config_path`` is written: beside it."""
-    from autotune.accelerate_launch import TUNED_YAML_NAME
+    from autotune.results.store import LAUNCH_CONFIG_NAME
 
-    return os.path.join(os.path.dirname(config_path), TUNED_YAML_NAME)
+    return os.path.join(os.path.dirname(config_path), LAUNCH_CONFIG_NAME)
 
 
 def config_value(ds_config: Mapping[str, Any], key: str) -> Any:

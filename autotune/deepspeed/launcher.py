@@ -59,8 +59,14 @@ def training_command(
 ) -> str:
     """The command that trains ``script`` with ``ds_config`` (written at ``optimal_path``)
     under ``launcher`` (the measuring engine's), in the script's own form (see
-    :meth:`ScriptTarget.command`), and checked with the script (:func:`parse_problem`). An
-    Accelerate launch's YAML that names ``optimal_path`` is written beside it.
+    :meth:`ScriptTarget.command`). An Accelerate launch's YAML that names ``optimal_path`` is
+    written beside it.
+
+    The command is checked with the script before it is printed. Its arguments are those the
+    winning experiment ran (its config file's path aside), launched the same way: that run
+    asked the script's parser about them and built the engine from that config, so it is the
+    check. Only a script that names no config file of its own gets an argument no experiment
+    gave it (``--deepspeed_config FILE``): its parser is asked then (:func:`parse_problem`).
 
     Returns:
         The command (shell words), or where the script refuses it, a line that says so.
@@ -70,10 +76,10 @@ def training_command(
         launch = script.accelerate.with_config_file(path, world_size)
         atomic_write_text(launch_yaml_path(path), launch.tuned_yaml())
     command = script.command(ds_config, path, launcher)
-    prefixed = list(command[: len(launcher)]) == list(launcher)
-    problem = parse_problem(command[len(launcher) :] if prefixed else command, world_size)
-    if problem is not None:
-        return f"(none: the script refused the command made for it: {problem})"
+    if script.adds_config_argument():
+        problem = parse_problem(command[len(launcher) :], world_size)
+        if problem is not None:
+            return f"(none: the script refused the command made for it: {problem})"
     return shlex.join(command)
 
 

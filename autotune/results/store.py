@@ -41,6 +41,8 @@ LEGACY_LOG_NAME = "experiments.jsonl"
 FINGERPRINT_NAME = "fingerprint.json"
 OPTIMAL_NAME = "ds_config_optimal.json"
 COMMAND_NAME = "cmd_optimal.txt"  # DeepSpeed's autotuner's name for it
+# Beside the optimal config for a script started by accelerate launch: the YAML naming it.
+LAUNCH_CONFIG_NAME = "accelerate_config_optimal.yaml"
 SUMMARY_NAME = "summary.json"
 SUMMARY_TEXT_NAME = "summary.txt"
 EXPS_DIR = "exps"
@@ -196,6 +198,7 @@ class ResultsDir:
             FINGERPRINT_NAME,
             OPTIMAL_NAME,
             COMMAND_NAME,
+            LAUNCH_CONFIG_NAME,
             SUMMARY_NAME,
             SUMMARY_TEXT_NAME,
         ):
