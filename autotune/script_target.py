@@ -26,13 +26,11 @@ from autotune.config.keys import get_key
 CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
 # The key LLaMA-Factory's YAML (and its ``key=value`` overrides) names the config file by.
 CONFIG_KEY = "deepspeed"
-# The HF Trainer's flags for the micro-batch and the accumulation: mapped by default where the
-# script is known to take them (TRL's scripts, LLaMA-Factory, an Accelerate-launched script
-# that passes them), unless autotuning.arg_mappings says otherwise.
-HF_ARG_MAPPINGS = (
-    ("train_micro_batch_size_per_gpu", "--per_device_train_batch_size"),
-    ("gradient_accumulation_steps", "--gradient_accumulation_steps"),
-)
+# The HF Trainer's flag for the micro-batch, which the tuner searches: mapped by default where
+# the script is known to take it (TRL's scripts, LLaMA-Factory, an Accelerate-launched script
+# that passes it), unless autotuning.arg_mappings says otherwise. The accumulation is not: an
+# "auto" one stays the script's own (its client fills it in), not the tuner's default of 1.
+HF_ARG_MAPPINGS = (("train_micro_batch_size_per_gpu", "--per_device_train_batch_size"),)
 # Launchers that start ranks themselves: autotune starts them, so it refuses to nest one.
 _NESTED_LAUNCHERS = ("torchrun", "deepspeed", "torch.distributed.run", "torch.distributed.launch")
 

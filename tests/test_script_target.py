@@ -284,7 +284,7 @@ def test_llamafactorys_yaml_names_the_config_and_takes_key_value_overrides(
 ) -> None:
     """LLaMA-Factory's form: a YAML first (``deepspeed: FILE``), then ``key=value``
     overrides; each experiment's file and mapped values are set as overrides, the HF Trainer's
-    flags mapped by default."""
+    flag for the micro-batch mapped by default (the accumulation left to the script)."""
     cfg = tmp_path / "sft.yaml"
     cfg.write_text("deepspeed: ds_z2_config.json\nper_device_train_batch_size: 2\n")
     script = tmp_path / "train.py"
@@ -292,7 +292,7 @@ def test_llamafactorys_yaml_names_the_config_and_takes_key_value_overrides(
     lf = ScriptTarget.from_command([str(script), str(cfg), "learning_rate=1e-4"])
     assert lf.key_value and lf.config_path() == "ds_z2_config.json"
     lf = lf.with_arg_mappings({})
-    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto"}
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
     assert lf.argv(config, "exp/ds.json")[1:] == [
         str(cfg), "learning_rate=1e-4", "per_device_train_batch_size=4", "deepspeed=exp/ds.json"
     ]  # fmt: skip

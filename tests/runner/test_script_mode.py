@@ -139,6 +139,9 @@ def test_the_cifar_shaped_script_keeps_its_own_config_under_the_experiments(
         "autotuning": {
             "enabled": True,
             "overwrite": False,
+            # The script builds its config in code, the stage from its own flag: the
+            # experiment's stage must reach that flag for the script to ask for it.
+            "arg_mappings": {"zero_optimization.stage": "--stage"},
             "fast": True,
             "max_train_micro_batch_size_per_gpu": 4,
             "start_profile_step": 1,
