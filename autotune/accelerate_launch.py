@@ -361,13 +361,18 @@ _DEEPSPEED_FLAGS = (
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
+    """The YAML as written, once Accelerate's own loader has accepted it (its keys, its
+    ``distributed_type``), as ``accelerate launch`` would."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
     if not os.path.isfile(path):
         raise LaunchError(f"{path}: Accelerate config file not found")
     try:
+        load_config_from_file(path)
         with open(path, encoding="utf-8") as file:
             data = yaml.safe_load(file)
-    except (OSError, yaml.YAMLError) as err:
-        raise LaunchError(f"{path}: not a readable YAML file ({err})") from None
+    except (OSError, yaml.YAMLError, ValueError, TypeError) as err:
+        raise LaunchError(f"{path}: Accelerate refuses it: {err}") from None
     if not isinstance(data, dict):
         raise LaunchError(f"{path}: an Accelerate config is a YAML mapping")
     return data

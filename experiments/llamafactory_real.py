@@ -4,9 +4,10 @@
         [--num-trials 8] [--out results/llamafactory_real.json]
 
 LLaMA-Factory 0.9.5 pins transformers <= 5.6, accelerate <= 1.11, TRL <= 0.24, PEFT <= 0.18.1
-and datasets <= 4.0, below the clients autotune's tests use: run this with a Python of its own
-where ``pip install llamafactory`` resolved them, beside autotune's own dependencies, and this
-repository on ``PYTHONPATH``.
+and datasets <= 4.0, below the clients autotune's tests use, and imports torchaudio (2.11 on
+PyPI, which loads with torch 2.11, not with torch 2.13's CPU build): run this with a Python of
+its own where ``pip install llamafactory torch==2.11.*`` resolved them, beside autotune's own
+dependencies, and this repository on ``PYTHONPATH``.
 
 In a temporary folder it saves a tiny Llama with a word-level tokenizer and 256 alpaca-format
 examples (``dataset_info.json`` naming them), a DeepSpeed config shaped like LLaMA-Factory's

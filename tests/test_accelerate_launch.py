@@ -123,6 +123,7 @@ def test_the_tuned_yaml_loads_in_accelerate_and_names_the_optimal_file(tmp_path:
     [
         ({"distributed_type": "MULTI_GPU"}, "distributed_type is MULTI_GPU, not DEEPSPEED"),
         ({"num_machines": 2}, "num_machines > 1"),
+        ({"zero_stage": 2}, r"Accelerate refuses it: .*unknown keys \(\['zero_stage'\]\)"),
         (
             {"deepspeed_config": {"deepspeed_config_file": "ds.json", "zero_stage": 2}},
             "with deepspeed_config_file, Accelerate refuses zero_stage, mixed_precision",

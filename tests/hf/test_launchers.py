@@ -48,7 +48,7 @@ def trl_yaml(tmp_path: Path, name: str, **changes: Any) -> Path:
     """TRL's ``accelerate_configs/<name>.yaml`` at world size 2, in fp32 (see above)."""
     shipped = importlib.resources.files("trl.accelerate_configs").joinpath(f"{name}.yaml")
     config = yaml.safe_load(shipped.read_text())
-    config.update(num_processes=2, mixed_precision="no", **changes)
+    config.update({"num_processes": 2, "mixed_precision": "no", **changes})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
