@@ -56,6 +56,9 @@ _FOLDED_FLAGS = (
     "use_deepspeed",
     "module",
 )
+# Beside a results directory's ds_config_optimal.json, for a script started by accelerate
+# launch: the YAML that names it.
+LAUNCH_CONFIG_NAME = "accelerate_config_optimal.yaml"
 # Precision sections as Accelerate's DeepSpeedPlugin.set_mixed_precision adds them.
 _PRECISION_SECTIONS: dict[str, dict[str, Any]] = {
     "bf16": {"bf16": {"enabled": True}},

@@ -18,7 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.accelerate_launch import AccelerateLaunch, LaunchError, with_precision
+from autotune.accelerate_launch import (
+    LAUNCH_CONFIG_NAME,
+    AccelerateLaunch,
+    LaunchError,
+    with_precision,
+)
 from autotune.config.keys import get_key
 
 # Flags DeepSpeed scripts take their config file from (``deepspeed.add_config_arguments``
@@ -342,8 +347,6 @@ def set_key_value(args: Sequence[str], key: str, value: str) -> list[str]:
 
 def launch_yaml_path(config_path: str) -> str:
     """Where the Accelerate YAML that names ``config_path`` is written: beside it."""
-    from autotune.results.store import LAUNCH_CONFIG_NAME
-
     return os.path.join(os.path.dirname(config_path), LAUNCH_CONFIG_NAME)
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.accelerate_launch import LAUNCH_CONFIG_NAME
 from autotune.experiment import CONFIG_NAME, ExperimentResult, ExperimentSpec, Status
 from autotune.metric import Metric
 from autotune.results.files import atomic_write_json, atomic_write_text, read_jsonl
@@ -41,8 +42,6 @@ LEGACY_LOG_NAME = "experiments.jsonl"
 FINGERPRINT_NAME = "fingerprint.json"
 OPTIMAL_NAME = "ds_config_optimal.json"
 COMMAND_NAME = "cmd_optimal.txt"  # DeepSpeed's autotuner's name for it
-# Beside the optimal config for a script started by accelerate launch: the YAML naming it.
-LAUNCH_CONFIG_NAME = "accelerate_config_optimal.yaml"
 SUMMARY_NAME = "summary.json"
 SUMMARY_TEXT_NAME = "summary.txt"
 EXPS_DIR = "exps"
