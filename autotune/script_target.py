@@ -128,6 +128,19 @@ class ScriptTarget:
             )
         return ()
 
+    def left_to_client(
+        self, spec: Mapping[str, Any], overrides: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """``overrides`` (the winner's values) less those the training command hands the
+        client through a mapped argument where the user wrote ``"auto"`` and the client is
+        known to fill ``"auto"`` in (the HF Trainer under an Accelerate launch, TRL,
+        LLaMA-Factory): the winner's file keeps ``"auto"`` there, so that changing the
+        argument later still passes DeepSpeed's own check of the batch sizes."""
+        if self.accelerate is None and not self.key_value:
+            return dict(overrides)
+        carried = {key for key, _ in self.arg_mappings if get_key(spec, key) == "auto"}
+        return {key: value for key, value in overrides.items() if key not in carried}
+
     @property
     def world_size(self) -> int | None:
         """The ranks the launch asks for (``num_processes``), if it says."""

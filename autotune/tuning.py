@@ -195,7 +195,8 @@ def optimal_as_read(
     (the user's ``"auto"`` values kept for the HF Trainer or Accelerate to fill in)."""
     if job.script is None:
         return dict(optimal)
-    return as_client_reads(job.config.spec, summary.best_overrides, optimal)
+    overrides = job.script.left_to_client(job.config.spec, summary.best_overrides)
+    return as_client_reads(job.config.spec, overrides, optimal)
 
 
 def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: Path) -> str | None:

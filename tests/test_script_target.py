@@ -300,6 +300,12 @@ def test_llamafactorys_yaml_names_the_config_and_takes_key_value_overrides(
     assert overridden.config_path() == "other.json"
     printed = lf.command(config, "/r/ds_config_optimal.json", ["autotune", "exec", "--"])
     assert printed[-2:] == ["per_device_train_batch_size=4", "deepspeed=/r/ds_config_optimal.json"]
+    # The winner's file keeps the user's "auto" where the Trainer fills it from an override.
+    user = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}
+    best = {"train_micro_batch_size_per_gpu": 4, "zero_optimization.stage": 2}
+    assert lf.left_to_client(user, best) == {"zero_optimization.stage": 2}
+    plain = ScriptTarget.from_command([str(script), "--deepspeed", "ds.json"], MAPPINGS)
+    assert plain.left_to_client(user, best) == best  # its client may not fill "auto" in
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,7 @@ def test_accelerate_launch_with_trls_zero2_yaml_tunes_an_sft_script_that_then_tr
     config = trl_yaml(tmp_path, "zero2")
     launch = ["accelerate", "launch", "--config_file", str(config), str(SFT)]
     args = [*sft_args(checkpoint, out), "--per_device_train_batch_size", "2"]
-    tune(results, *launch, *args, flags=SEARCH)
+    summary = tune(results, *launch, *args, flags=SEARCH)
     assert "at world size 2" in (results / "summary.txt").read_text()  # num_processes
     frame = ok_experiments(results, 2)
     # 256 examples, 128 a rank: a larger micro-batch would be filled with repeated samples.
@@ -114,8 +114,11 @@ def test_accelerate_launch_with_trls_zero2_yaml_tunes_an_sft_script_that_then_tr
     assert command.startswith(
         f"autotune exec --nproc 2 -- accelerate launch --config_file {tuned.resolve()} {SFT}"
     )
+    micro = summary["best_overrides"]["train_micro_batch_size_per_gpu"]
+    assert f"--per_device_train_batch_size {micro}" in command
+    # The YAML's "auto" stays: the Trainer fills it from the flag the command sets.
     best = json.loads((results / "ds_config_optimal.json").read_text())
-    assert f"--per_device_train_batch_size {best['train_micro_batch_size_per_gpu']}" in command
+    assert best["train_micro_batch_size_per_gpu"] == "auto"
     run = train_with_best(results)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "loss at step 6" in run.stdout and "client stage: 2" in run.stdout
@@ -189,16 +192,21 @@ def test_a_llamafactory_shaped_entry_is_tuned_from_its_yaml_and_its_command_trai
         )
     )
     results = tmp_path / "results"
-    tune(results, str(LLAMAFACTORY), str(cfg), "learning_rate=0.001", flags=["-n", "2", *SEARCH])
+    summary = tune(
+        results, str(LLAMAFACTORY), str(cfg), "learning_rate=0.001", flags=["-n", "2", *SEARCH]
+    )
     ok_experiments(results, 2)
     command = printed(results)
     optimal = (results / "ds_config_optimal.json").resolve()
-    best = json.loads(optimal.read_text())
+    micro = summary["best_overrides"]["train_micro_batch_size_per_gpu"]
     assert command.endswith(
-        f"learning_rate=0.001 per_device_train_batch_size={best['train_micro_batch_size_per_gpu']}"
-        f" deepspeed={optimal}"
+        f"learning_rate=0.001 per_device_train_batch_size={micro} deepspeed={optimal}"
     )
-    assert best["bf16"] == {"enabled": "auto"}  # the user's "auto" stays for the Trainer
+    # The user's "auto" values stay for the Trainer to fill in (the micro-batch from the
+    # override the command sets), so a later per_device_train_batch_size=N still trains.
+    best = json.loads(optimal.read_text())
+    assert best["bf16"] == {"enabled": "auto"}
+    assert best["train_micro_batch_size_per_gpu"] == best["train_batch_size"] == "auto"
     run = train_with_best(results)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "loss at step 6" in run.stdout
