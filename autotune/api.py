@@ -60,7 +60,8 @@ class RunRequest:
         autotuning: keys of the config's ``autotuning`` section to set, over the config's
             own values (``{"metric": "latency", "tuner_num_trials": 10}``); None leaves a key
             to the config.
-        world_size: data-parallel ranks.
+        world_size: data-parallel ranks (None: the launch's ``num_processes`` in script mode
+            under ``accelerate launch``, else :data:`~autotune.defaults.DEFAULT_WORLD_SIZE`).
         workload: a built-in workload (``gpt``, ``mlp``, ``hf:bert``) or
             ``package.module:function``.
         workload_args: its keyword arguments, as a dict or as ``key=value`` strings.
@@ -80,7 +81,7 @@ class RunRequest:
 
     config: str | Path | Mapping[str, Any] | None = None
     autotuning: Mapping[str, Any] = field(default_factory=dict)
-    world_size: int = DEFAULT_WORLD_SIZE
+    world_size: int | None = None
     workload: str = DEFAULT_WORKLOAD
     workload_args: Mapping[str, Any] | Sequence[str] = field(default_factory=dict)
     device_memory: str | int | None = None
@@ -114,6 +115,10 @@ def read_config(config: str | Path | Mapping[str, Any] | None) -> dict[str, Any]
         return copy.deepcopy(DEFAULT_CONFIG)
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
+    if Path(config).suffix in (".yaml", ".yml"):
+        from autotune.script_target import yaml_config_advice
+
+        raise ConfigError("", yaml_config_advice(config), str(config))
     return read_json(config)
 
 
@@ -150,14 +155,18 @@ def load_job(request: RunRequest) -> TuningJob:
     from autotune.job import TuningJob
     from autotune.script_target import ScriptTarget
 
-    # The script first: its arguments may name the config file.
+    # The script first: its arguments (or its launch) may name the config and the world size.
     target = ScriptTarget.from_command(request.script) if request.script else None
     config_file = _config_file(request, target)
+    world_size = request.world_size or (target and target.world_size) or DEFAULT_WORLD_SIZE
     try:
-        spec = read_config(config_file if config_file is not None else request.config)
+        source = config_file if config_file is not None else request.config
+        spec = read_config(target.launch_config() if source is None and target else source)
+        if target is not None:
+            spec = target.with_launch_settings(spec)
         for key, value in request.overrides.items():
             set_key(spec, f"autotuning.{key}", value)
-        config = load_config(spec, world_size=request.world_size)
+        config = load_config(spec, world_size=world_size)
     except ConfigError as err:
         raise attributed(err, request, target) from None
     device_memory_bytes = _device_memory_bytes(request)
@@ -188,6 +197,8 @@ def attributed(
             name = request.names.get(key)
             return err.with_source(f"{name} {value}") if name else err
     config_file = _config_file(request, script)
+    if config_file is None and request.config is None and script is not None:
+        return err.with_source(script.config_label())
     return err.with_source(str(config_file)) if config_file is not None else err
 
 
@@ -456,13 +467,14 @@ def _config_file(request: RunRequest, script: ScriptTarget | None) -> Path | str
     if script is None or request.config is not None:
         return None
     found = script.config_path()
-    if found is None:
+    if found is None and script.launch_config() is None:
         config = request.names.get("config", "config=...")
         raise ScriptError(
             f"script mode needs a config: pass {config}, or --deepspeed_config / --deepspeed "
-            "in the script's arguments"
+            "in the script's arguments (deepspeed=FILE or deepspeed: in a LLaMA-Factory YAML; "
+            "or start it with accelerate launch and a DeepSpeed YAML)"
         )
-    return Path(found)
+    return Path(found) if found is not None else None
 
 
 def _device_memory_bytes(request: RunRequest) -> int | None:

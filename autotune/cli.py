@@ -270,7 +270,8 @@ def run(
     request = RunRequest(
         config=config,
         autotuning={key: ctx.params[_param(flag)] for flag, key in _AUTOTUNING_FLAGS.items()},
-        world_size=world_size,
+        # Not given: a launch's own (accelerate launch's num_processes), else the default.
+        world_size=world_size if _given(ctx, "world_size") else None,
         workload=workload,
         workload_args=workload_arg or [],
         device_memory=device_memory,
@@ -345,6 +346,12 @@ _RUN_NAMES = {key: flag for flag, key in _AUTOTUNING_FLAGS.items()} | {
     "device_memory": "--device-memory",
     "config": "-c CONFIG",
 }
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the command line (or the environment) set parameter ``name``."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
 
 
 def _param(flag: str) -> str:

@@ -14,7 +14,6 @@ node's CPUs for up to that long and tells it how that went.
 from __future__ import annotations
 
 import enum
-import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -197,7 +196,8 @@ def optimal_as_read(
     (the user's ``"auto"`` values kept for the HF Trainer or Accelerate to fill in)."""
     if job.script is None:
         return dict(optimal)
-    return as_client_reads(job.config.spec, summary.best_overrides, optimal)
+    overrides = job.script.left_to_client(job.config.spec, summary.best_overrides)
+    return as_client_reads(job.config.spec, overrides, optimal)
 
 
 def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: Path) -> str | None:
@@ -205,9 +205,10 @@ def training_command(job: TuningJob, optimal: Mapping[str, Any], optimal_path: P
     measured it (None for a workload: its training script is the user's own)."""
     if job.script is None:
         return None
+    from autotune.deepspeed.launcher import training_command as script_command
+
     launcher = measuring_engine(job.config.autotuning.engine).launcher(job.world_size)
-    path = str(optimal_path.resolve())
-    return shlex.join(job.script.command(optimal, path, launcher))
+    return script_command(job.script, optimal, optimal_path, launcher, job.world_size)
 
 
 def _run_to_the_end(

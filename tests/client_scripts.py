@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +25,29 @@ def write(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def tune(results: Path, *command: str) -> dict[str, Any]:
-    """``autotune run --results-dir RESULTS -q -- COMMAND``; the run's summary."""
-    outcome = cli.invoke(app, ["run", "--results-dir", str(results), "-q", "--", *command])
+def tune(results: Path, *command: str, flags: Sequence[str] = ()) -> dict[str, Any]:
+    """``autotune run --results-dir RESULTS -q [FLAGS] -- COMMAND``; the run's summary."""
+    run = ["run", "--results-dir", str(results), "-q", *flags, "--", *command]
+    outcome = cli.invoke(app, run)
     assert outcome.exit_code == 0, outcome.output
     return json.loads((results / "summary.json").read_text())
 
 
 def micro_batch_used(results: Path, name: str, rank: int) -> int:
     """The micro-batch the script's model was fed, as the script printed it."""
+    return printed_number(results, name, rank, "micro-batch used")
+
+
+def client_stage(results: Path, name: str, rank: int) -> int:
+    """The ZeRO stage the script's client (its Accelerate) configured, as the script printed it."""
+    return printed_number(results, name, rank, "client stage")
+
+
+def printed_number(results: Path, name: str, rank: int, label: str) -> int:
+    """``LABEL: N`` from an experiment's rank output."""
     output = (results / "exps" / name / f"rank{rank}.out").read_text()
-    match = re.search(r"micro-batch used: (\d+)", output)
-    assert match, f"{name} rank {rank} printed no micro-batch: {output[-500:]!r}"
+    match = re.search(rf"{label}: (\d+)", output)
+    assert match, f"{name} rank {rank} printed no {label}: {output[-500:]!r}"
     return int(match.group(1))
 
 

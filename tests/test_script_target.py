@@ -278,3 +278,56 @@ def test_activation_checkpointing_maps_onto_the_scripts_flag(tmp_path: Path) -> 
     assert target.argv(on)[-2:] == ["--gradient_checkpointing", "true"]
     off = {"activation_checkpointing": {"enabled": False}}
     assert target.argv(off)[-2:] == ["--gradient_checkpointing", "false"]
+
+
+def test_llamafactorys_yaml_names_the_config_and_takes_key_value_overrides(
+    tmp_path: Path,
+) -> None:
+    """LLaMA-Factory's form: a YAML first (``deepspeed: FILE``), then ``key=value``
+    overrides; each experiment's file and mapped values are set as overrides, the HF Trainer's
+    flag for the micro-batch mapped by default (the accumulation left to the script)."""
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("deepspeed: ds_z2_config.json\nper_device_train_batch_size: 2\n")
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    lf = ScriptTarget.from_command([str(script), str(cfg), "learning_rate=1e-4"])
+    assert lf.key_value and lf.config_path() == "ds_z2_config.json"
+    lf = lf.with_arg_mappings({})
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+    assert lf.argv(config, "exp/ds.json")[1:] == [
+        str(cfg), "learning_rate=1e-4", "per_device_train_batch_size=4", "deepspeed=exp/ds.json"
+    ]  # fmt: skip
+    overridden = ScriptTarget.from_command([str(script), str(cfg), "deepspeed=other.json"])
+    assert overridden.config_path() == "other.json"
+    printed = lf.command(config, "/r/ds_config_optimal.json", ["autotune", "exec", "--"])
+    assert printed[-2:] == ["per_device_train_batch_size=4", "deepspeed=/r/ds_config_optimal.json"]
+    # The winner's file keeps the user's "auto" where the Trainer fills it from an override.
+    user = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}
+    best = {"train_micro_batch_size_per_gpu": 4, "zero_optimization.stage": 2}
+    assert lf.left_to_client(user, best) == {"zero_optimization.stage": 2}
+    plain = ScriptTarget.from_command([str(script), "--deepspeed", "ds.json"], MAPPINGS)
+    assert plain.left_to_client(user, best) == best  # its client may not fill "auto" in
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [["torchrun", "--nproc_per_node", "2"], ["deepspeed"], ["-m", "torch.distributed.run"]],
+)
+def test_a_nested_launcher_is_refused_saying_what_to_do(
+    tmp_path: Path, launcher: list[str]
+) -> None:
+    with pytest.raises(ScriptError, match=r"starts the ranks itself.*--world-size N"):
+        ScriptTarget.from_command([*launcher, str(tmp_path / "train.py")])
+    with pytest.raises(ScriptError, match=r"-m llamafactory\.launcher CONFIG\.yaml"):
+        ScriptTarget.from_command(["llamafactory-cli", "train", "sft.yaml"])
+
+
+def test_force_torchrun_is_refused_for_llamafactorys_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("deepspeed: ds.json\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.setenv("FORCE_TORCHRUN", "1")
+    with pytest.raises(ScriptError, match=r"FORCE_TORCHRUN is set.*unset it"):
+        ScriptTarget.from_command([str(tmp_path / "train.py"), str(cfg)])

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.accelerate_launch import LAUNCH_CONFIG_NAME
 from autotune.experiment import CONFIG_NAME, ExperimentResult, ExperimentSpec, Status
 from autotune.metric import Metric
 from autotune.results.files import atomic_write_json, atomic_write_text, read_jsonl
@@ -196,6 +197,7 @@ class ResultsDir:
             FINGERPRINT_NAME,
             OPTIMAL_NAME,
             COMMAND_NAME,
+            LAUNCH_CONFIG_NAME,
             SUMMARY_NAME,
             SUMMARY_TEXT_NAME,
         ):

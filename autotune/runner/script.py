@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import runpy
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import overlay
+from autotune.config.fields import AUTO
+from autotune.config.keys import get_key
 from autotune.experiment import CONFIG_NAME, ExperimentSpec, Metrics, Status
 from autotune.profiling.interference import CpuSample, WindowCpu, sample_cpu
 from autotune.profiling.window import StepTimer, ends_early
@@ -73,6 +76,74 @@ class ScriptExited(RuntimeError):
 class MicroBatchMismatch(RuntimeError):
     """The script fed the engine micro-batches of another size than the experiment's: its
     data loader does not follow the config, so the experiment would measure another one."""
+
+
+class ClientConfigMismatch(RuntimeError):
+    """The script's client (the HF Trainer, Accelerate, Lightning, the script itself) built
+    its engine with another ZeRO stage, micro-batch or accumulation than the experiment's: it
+    configured itself from another config, so the experiment would measure a setup the client
+    never saw (and the config it reports would not be the one that trains)."""
+
+
+class MicroBatchOverData(ScriptFinishedEarly):
+    """The experiment's micro-batch is more than a rank's share of the data: the client fills
+    it by repeating samples (Accelerate's ``even_batches``). Counted as running out of data,
+    so no larger micro-batch is tried."""
+
+
+# What a client decides from its config before the engine is built, and so must agree with
+# the experiment's: (config key, how the error names it).
+CLIENT_VIEW = (
+    ("zero_optimization.stage", "ZeRO stage"),
+    ("train_micro_batch_size_per_gpu", "micro-batch"),
+    ("gradient_accumulation_steps", "gradient accumulation"),
+)
+
+
+def client_mismatch(
+    client: Mapping[str, Any], read: Mapping[str, Any], resolved: Mapping[str, Any]
+) -> str | None:
+    """What the config a client passed to ``initialize()`` (``client``, its ``"auto"`` values
+    filled) says otherwise than the experiment, whose file says ``read`` and resolves to
+    ``resolved``; None where they agree. A key the client leaves out or at ``"auto"``, or the
+    experiment's file leaves at ``"auto"`` for the client to fill, is the client's to decide.
+
+    Example:
+        >>> experiment = {"zero_optimization": {"stage": 3}}
+        >>> client_mismatch({"zero_optimization": {"stage": 2}}, experiment, experiment)
+        'ZeRO stage 2 (zero_optimization.stage), where the experiment runs 3'
+    """
+    for key, name in CLIENT_VIEW:
+        theirs, ours = get_key(client, key), get_key(resolved, key)
+        if theirs in (None, AUTO) or ours in (None, AUTO) or get_key(read, key) == AUTO:
+            continue
+        if _number(theirs) != _number(ours):
+            return f"{name} {theirs} ({key}), where the experiment runs {ours}"
+    return None
+
+
+def _number(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def rank_share_of_data(world_size: int) -> tuple[int, int] | None:
+    """``(samples, this rank's share)`` of the data loader the client iterates through
+    Accelerate (its ``GradientState`` holds it), or None where none is known."""
+    state = sys.modules.get("accelerate.state")
+    gradient = getattr(state, "GradientState", None)
+    if gradient is None or not getattr(gradient, "_shared_state", None):
+        return None
+    try:
+        loaders = [loader for loader in gradient().dataloader_references if loader is not None]
+        samples = int(loaders[-1].total_dataset_length) if loaders else None
+    except (TypeError, AttributeError, NotImplementedError):  # an iterable dataset
+        return None
+    if samples is None:
+        return None
+    return samples, math.ceil(samples / world_size)
 
 
 class ScriptObserver:
@@ -123,6 +194,14 @@ class ScriptObserver:
         its arguments) stands.
         """
         experiment = self.spec.config_read
+        mismatch = client_mismatch(config, experiment, self.spec.ds_config) if config else None
+        if mismatch is not None:
+            raise ClientConfigMismatch(
+                f"the script's client built its engine with {mismatch}: it configured itself "
+                "from another config than the experiment's (give the config through the "
+                "argument autotune rewrites, or map the key onto the script's flag in "
+                "autotuning.arg_mappings)"
+            )
         candidate = overlay(config, experiment) if config else dict(self.spec.ds_config)
         kept = sorted(set(config or {}) - set(experiment) - {"autotuning"})
         if kept:
@@ -147,8 +226,16 @@ class ScriptObserver:
         if self._checked_micro_batch:
             return
         self._checked_micro_batch = True
-        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()]
         expected = int(engine.train_micro_batch_size_per_gpu())
+        data = rank_share_of_data(self.spec.world_size)
+        if data is not None and expected > data[1]:
+            raise MicroBatchOverData(
+                f"micro-batch {expected} is more than a rank's share of the data ({data[1]} of "
+                f"{data[0]} samples over {self.spec.world_size} ranks): the client would repeat "
+                "samples to fill it, so no larger micro-batch is tried",
+                0,
+            )
+        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()]
         if tensors and tensors[0].shape[0] != expected:
             raise MicroBatchMismatch(
                 f"the script fed micro-batches of {tensors[0].shape[0]}, the experiment's is "
@@ -273,10 +360,12 @@ def run_script(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     observer = ScriptObserver(spec, device, started)
-    argv = script.argv(spec.ds_config, _config_file(spec, rank))
+    config_file = _config_file(spec, rank)
+    argv = script.argv(spec.ds_config, config_file)
+    launched = script.environment(config_file, spec.world_size)  # accelerate launch's
     try:
         with (
-            script_environment(spec, rank, init_method, device),
+            script_environment(spec, rank, init_method, device, launched),
             observer.measuring.observing(observer, spec),
         ):
             try:
@@ -357,13 +446,19 @@ def _run(script: ScriptTarget, argv: list[str]) -> None:
 
 @contextlib.contextmanager
 def script_environment(
-    spec: ExperimentSpec, rank: int, init_method: str, device: torch.device
+    spec: ExperimentSpec,
+    rank: int,
+    init_method: str,
+    device: torch.device,
+    launched: Mapping[str, str] | None = None,
 ) -> Iterator[None]:
-    """This process as ``torchrun`` would start the script, restored on exit."""
+    """This process as ``torchrun`` would start the script (with what its launcher sets,
+    ``launched``), restored on exit."""
     saved_env = dict(os.environ)
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     saved_handlers = list(logging.root.handlers)
     try:
+        os.environ.update(launched or {})
         os.environ.update(torchrun_env(spec.world_size, rank, init_method, device))
         with _captured_output(spec.output_dir, rank):
             yield

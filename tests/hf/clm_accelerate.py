@@ -1,21 +1,23 @@
 """A causal-LM training loop shaped like transformers' ``run_clm_no_trainer.py``, offline, with
 Accelerate's DeepSpeed plugin.
 
-As that example does under ``accelerate launch`` with a DeepSpeed config: an ``Accelerator``
-with a ``DeepSpeedPlugin(hf_ds_config=...)``, ``DummyOptim`` / ``DummyScheduler`` when the
-config has an ``optimizer`` / ``scheduler`` section (a torch AdamW and a linear schedule when
-not), ``accelerator.prepare``, then ``accelerator.accumulate``, ``accelerator.backward``,
+As that example does with a DeepSpeed config: an ``Accelerator`` with a
+``DeepSpeedPlugin(hf_ds_config=...)`` given ``--deepspeed_config``, or without it, as under
+``accelerate launch --config_file deepspeed.yaml``, an ``Accelerator()`` that takes DeepSpeed
+and the mixed precision from the launch; ``DummyOptim`` / ``DummyScheduler`` when the config
+has an ``optimizer`` / ``scheduler`` section (a torch AdamW and a linear schedule when not),
+``accelerator.prepare``, then ``accelerator.accumulate``, ``accelerator.backward``,
 ``optimizer.step()``, ``lr_scheduler.step()``, and a save through
 ``accelerator.get_state_dict``. Nothing in it knows autotune.
 
-It prints the micro-batch the model was fed (``micro-batch used: N``) and, on the main
-process, each step's loss (``loss at step N: X``).
+It prints the micro-batch the model was fed (``micro-batch used: N``), the ZeRO stage its
+Accelerate configured (``client stage: N``) and, on the main process, each step's loss
+(``loss at step N: X``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 from accelerate import Accelerator, DeepSpeedPlugin
@@ -26,12 +28,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train a causal LM with Accelerate")
-    parser.add_argument("--deepspeed_config", required=True)
+    parser.add_argument("--deepspeed_config", default=None)
     parser.add_argument("--per_device_train_batch_size", type=int, default=8)
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--max_train_steps", type=int, default=20)
-    parser.add_argument("--mixed_precision", default="no", choices=["no", "bf16"])
+    parser.add_argument("--mixed_precision", default=None, choices=["no", "bf16"])
     parser.add_argument("--block_size", type=int, default=32)
     parser.add_argument("--num_blocks", type=int, default=512)
     parser.add_argument("--vocab_size", type=int, default=128)
@@ -42,13 +44,15 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    with open(args.deepspeed_config) as file:
-        ds_config = json.load(file)
-    plugin = DeepSpeedPlugin(
-        hf_ds_config=args.deepspeed_config,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-    )
-    accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision=args.mixed_precision)
+    if args.deepspeed_config is not None:
+        plugin = DeepSpeedPlugin(
+            hf_ds_config=args.deepspeed_config,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+        )
+        accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision=args.mixed_precision)
+    else:  # as run_clm_no_trainer.py under accelerate launch
+        accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
     set_seed(args.seed)
     config = AutoConfig.for_model(
         "gpt2",
@@ -80,6 +84,7 @@ def main() -> None:
         model, optimizer, loader, lr_scheduler
     )
     report_micro_batch(accelerator.unwrap_model(model))
+    print(f"client stage: {accelerator.state.deepspeed_plugin.zero_stage}", flush=True)
     print(f"model dtype: {next(model.parameters()).dtype}", flush=True)
     model.train()
     step = 0

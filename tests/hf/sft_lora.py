@@ -8,8 +8,9 @@ The model and tokenizer are the ones a test saved with ``save_pretrained``. Noth
 knows autotune: under ``autotune run -- ...`` or ``python -m autotune.deepspeed`` the
 Trainer's DeepSpeed is autotune's built-in engine.
 
-It prints the micro-batch the model was fed (``micro-batch used: N``) and, on rank 0, each
-logged loss (``loss at step N: X``), for tests to compare.
+It prints the micro-batch the model was fed (``micro-batch used: N``), the ZeRO stage its
+Trainer's Accelerate configured (``client stage: N``) and, on rank 0, each logged loss
+(``loss at step N: X``), for tests to compare.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
         peft_config=get_peft_config(model_args),
     )
     report_micro_batch(trainer.model)
+    print(f"client stage: {trainer.accelerator.state.deepspeed_plugin.zero_stage}", flush=True)
     trainer.train()
     trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():

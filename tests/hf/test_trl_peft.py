@@ -8,66 +8,24 @@ tokenizer are made here, the data is a folder of JSON lines: nothing is download
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
 import pytest
 
 from autotune.results import load_results
 from tests.client_scripts import micro_batch_used, train_with_best, tune, write
+from tests.hf.sft_data import save_sft_checkpoint
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
 SFT = Path(__file__).parent / "sft_lora.py"
-WORDS = [f"w{i}" for i in range(60)]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Llama and a word-level tokenizer for it, saved as ``from_pretrained`` reads them
-    (``model/``), and a training set of counting sentences (``data/train.jsonl``)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast, set_seed
-
-    root = tmp_path_factory.mktemp("sft")
-    specials = ["<pad>", "<unk>", "<eos>", "<bos>"]
-    vocab = {token: i for i, token in enumerate(specials + WORDS)}
-    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=words,
-        pad_token="<pad>",
-        unk_token="<unk>",
-        eos_token="<eos>",
-        bos_token="<bos>",
-    )
-    tokenizer.save_pretrained(root / "model")
-    set_seed(0)
-    config = AutoConfig.for_model(
-        "llama",
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        vocab_size=len(vocab),
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=2,
-        bos_token_id=3,
-    )
-    AutoModelForCausalLM.from_config(config).save_pretrained(root / "model")
-    draw = random.Random(0)
-    (root / "data").mkdir()
-    with open(root / "data" / "train.jsonl", "w") as lines:
-        for _ in range(256):
-            start, length = draw.randrange(len(WORDS)), draw.randrange(8, 20)
-            text = " ".join(WORDS[(start + k) % len(WORDS)] for k in range(length))
-            lines.write(json.dumps({"text": text}) + "\n")
-    return root
+    return save_sft_checkpoint(tmp_path_factory.mktemp("sft"))
 
 
 @pytest.mark.ray

@@ -139,6 +139,9 @@ def test_the_cifar_shaped_script_keeps_its_own_config_under_the_experiments(
         "autotuning": {
             "enabled": True,
             "overwrite": False,
+            # The script builds its config in code, the stage from its own flag: the
+            # experiment's stage must reach that flag for the script to ask for it.
+            "arg_mappings": {"zero_optimization.stage": "--stage"},
             "fast": True,
             "max_train_micro_batch_size_per_gpu": 4,
             "start_profile_step": 1,
@@ -168,3 +171,38 @@ def test_a_script_that_exits_says_why_in_its_error(tmp_path: Path) -> None:
     (tmp_path / "rank1.err").write_text("usage: train.py [-h]\ntrain.py: error: bad flag\n\n")
     assert _last_stderr_line(str(tmp_path), 1) == "train.py: error: bad flag"
     assert _last_stderr_line(str(tmp_path), 0) == ""
+
+
+def test_a_client_that_built_its_engine_otherwise_is_named() -> None:
+    from autotune.runner.script import client_mismatch
+
+    experiment = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+                  "zero_optimization": {"stage": 3}}  # fmt: skip
+    stage2 = {**experiment, "zero_optimization": {"stage": 2}}
+    said = client_mismatch(stage2, experiment, experiment)
+    assert said == "ZeRO stage 2 (zero_optimization.stage), where the experiment runs 3"
+    bigger = {**experiment, "train_micro_batch_size_per_gpu": 8}
+    assert "micro-batch 8" in str(client_mismatch(bigger, experiment, experiment))
+    assert client_mismatch(experiment, experiment, experiment) is None
+    # What the experiment's file leaves at "auto" is the client's to fill.
+    read = {**experiment, "gradient_accumulation_steps": "auto"}
+    filled = {**experiment, "gradient_accumulation_steps": 4}
+    assert client_mismatch(filled, read, experiment) is None
+    assert client_mismatch({"optimizer": {}}, experiment, experiment) is None
+
+
+def test_a_micro_batch_over_a_ranks_share_of_accelerates_data_is_seen() -> None:
+    pytest.importorskip("accelerate")
+    from accelerate.data_loader import DataLoaderShard
+    from accelerate.state import GradientState
+
+    from autotune.deepspeed.stand_in import reset_accelerate
+    from autotune.runner.script import rank_share_of_data
+
+    assert rank_share_of_data(2) is None  # no Accelerate loader: nothing known
+    loader = DataLoaderShard(list(range(401)), batch_size=1024)
+    try:
+        GradientState()._add_dataloader(loader)
+        assert rank_share_of_data(2) == (401, 201)
+    finally:
+        reset_accelerate()
