@@ -185,13 +185,17 @@ class Tuner:
 
     def cost_model(self) -> CostModel | None:
         """``model_based``'s cost model fitted to the results so far (None otherwise)."""
-        model_based = isinstance(self.sampler, ModelBasedSampler)
-        return self.sampler.cost_model(self.history()) if model_based else None
+        sampler = self.sampler
+        return (
+            sampler.cost_model(self.history()) if isinstance(sampler, ModelBasedSampler) else None
+        )
 
     def predicted(self, names: Iterable[str]) -> dict[str, float]:
         """``model_based``'s prediction of the metric for each configuration named."""
-        model_based = isinstance(self.sampler, ModelBasedSampler)
-        return self.sampler.predicted(self.history(), list(names)) if model_based else {}
+        sampler = self.sampler
+        if not isinstance(sampler, ModelBasedSampler):
+            return {}
+        return sampler.predicted(self.history(), list(names))
 
     def optimal_config(self) -> dict[str, Any] | None:
         """The user's config with the best values (None: nothing ran ok)."""
@@ -199,8 +203,6 @@ class Tuner:
         if best is None:
             return None
         return self.space.config_of(self.history().entries[best.name])
-
-    # --- helpers ------------------------------------------------------------------------------
 
     def _start(
         self,
