@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import enum
 import functools
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,14 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import ConfigError, load_config, parse_size, read_json, set_key
-from autotune.defaults import (
-    DEFAULT_CONFIG,
-    DEFAULT_CPUS_PER_RANK,
-    DEFAULT_WORKLOAD,
-    DEFAULT_WORLD_SIZE,
-    default_results_dir,
-)
+from autotune.defaults import DEFAULT_CONFIG, DEFAULT_WORLD_SIZE, default_results_dir
 from autotune.profiling.interference import CpuSample, sample_cpu
+from autotune.run_options import RunOptions, options_of, split_options
 
 if TYPE_CHECKING:
     import optuna
@@ -51,25 +45,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What a run is asked, as given: nothing read or checked yet.
+    """What a run is asked (its :class:`~autotune.run_options.RunOptions`, as given: nothing
+    read or checked yet), and what the caller knows of its start.
 
     Attributes:
-        config: a DeepSpeed-style config: a JSON file, a dict, or None: the built-in one
-            (:data:`autotune.defaults.DEFAULT_CONFIG`, its results in the default directory;
-            in script mode, the file the script's ``--deepspeed_config`` names).
-        autotuning: keys of the config's ``autotuning`` section to set, over the config's
-            own values (``{"metric": "latency", "tuner_num_trials": 10}``); None leaves a key
-            to the config.
-        world_size: data-parallel ranks (None: the launch's ``num_processes`` in script mode
-            under ``accelerate launch``, else :data:`~autotune.defaults.DEFAULT_WORLD_SIZE`).
-        workload: a built-in workload (``gpt``, ``mlp``, ``hf:bert``) or
-            ``package.module:function``.
-        workload_args: its keyword arguments, as a dict or as ``key=value`` strings.
-        device_memory: per-rank memory budget: bytes, or a size such as ``"16GiB"``.
-        script: script mode: ``["train.py", *args]`` or ``["-m", "pkg.train", *args]``,
-            tuned instead of ``workload``.
-        overwrite: discard a previous run's results.
-        cpus_per_rank: cores (torch threads) each rank gets.
+        options: the run's options. Their config: a JSON file, a dict, or None: the built-in
+            one (:data:`autotune.defaults.DEFAULT_CONFIG`, its results in the default
+            directory; in script mode, the file the script's ``--deepspeed_config`` names).
         started_s: the ``time.monotonic()`` reading ``autotuning.time_budget_s`` counts from.
         started_cpu: the node's CPU accounting then (:func:`~autotune.profiling.interference.
             sample_cpu`): whether a neighbour was busy before the run's first experiment.
@@ -79,27 +61,18 @@ class RunRequest:
             is left to the key path the error names.
     """
 
-    config: str | Path | Mapping[str, Any] | None = None
-    autotuning: Mapping[str, Any] = field(default_factory=dict)
-    world_size: int | None = None
-    workload: str = DEFAULT_WORKLOAD
-    workload_args: Mapping[str, Any] | Sequence[str] = field(default_factory=dict)
-    device_memory: str | int | None = None
-    script: Sequence[str] | None = None
-    overwrite: bool = False
-    cpus_per_rank: int = DEFAULT_CPUS_PER_RANK
+    options: RunOptions = field(default_factory=RunOptions)
     started_s: float | None = None
     started_cpu: CpuSample | None = None
     names: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def overrides(self) -> dict[str, Any]:
-        """The ``autotuning`` keys set, as JSON holds them (an enum by its value, a path as
-        text); the built-in config's results go to the default directory unless one is set."""
-        given = {
-            key: _as_json(value) for key, value in self.autotuning.items() if value is not None
-        }
-        if self.config is None and not self.script and "results_dir" not in given:
+        """The ``autotuning`` keys set, as JSON holds them; the built-in config's results go
+        to the default directory unless one is set."""
+        given = self.options.autotuning()
+        options = self.options
+        if options.config is None and not options.script and "results_dir" not in given:
             given["results_dir"] = str(default_results_dir())
         return given
 
@@ -156,11 +129,12 @@ def load_job(request: RunRequest) -> TuningJob:
     from autotune.script_target import ScriptTarget
 
     # The script first: its arguments (or its launch) may name the config and the world size.
-    target = ScriptTarget.from_command(request.script) if request.script else None
+    options = request.options
+    target = ScriptTarget.from_command(options.script) if options.script else None
     config_file = _config_file(request, target)
-    world_size = request.world_size or (target and target.world_size) or DEFAULT_WORLD_SIZE
+    world_size = options.world_size or (target and target.world_size) or DEFAULT_WORLD_SIZE
     try:
-        source = config_file if config_file is not None else request.config
+        source = config_file if config_file is not None else options.config
         spec = read_config(target.launch_config() if source is None and target else source)
         if target is not None:
             spec = target.with_launch_settings(spec)
@@ -172,11 +146,11 @@ def load_job(request: RunRequest) -> TuningJob:
     device_memory_bytes = _device_memory_bytes(request)
     job = TuningJob(
         config=config,
-        workload=request.workload,
-        workload_args=_workload_args(request.workload_args),
+        workload=options.workload,
+        workload_args=dict(options.workload_args),
         device_memory_bytes=device_memory_bytes,
-        overwrite=request.overwrite or config.autotuning.overwrite,
-        cpus_per_rank=request.cpus_per_rank,
+        overwrite=options.overwrite or config.autotuning.overwrite,
+        cpus_per_rank=options.cpus_per_rank,
         script=target.with_arg_mappings(config.autotuning.arg_mappings or {}) if target else None,
         started_s=request.started_s,
         started_cpu=request.started_cpu,
@@ -197,7 +171,7 @@ def attributed(
             name = request.names.get(key)
             return err.with_source(f"{name} {value}") if name else err
     config_file = _config_file(request, script)
-    if config_file is None and request.config is None and script is not None:
+    if config_file is None and request.options.config is None and script is not None:
         return err.with_source(script.config_label())
     return err.with_source(str(config_file)) if config_file is not None else err
 
@@ -313,48 +287,34 @@ def _ctrl_c_deferred() -> Iterator[None]:
 def tune(
     config: str | Path | Mapping[str, Any] | None = None,
     *,
-    workload: str = DEFAULT_WORKLOAD,
-    workload_args: Mapping[str, Any] | None = None,
-    world_size: int = DEFAULT_WORLD_SIZE,
-    device_memory: str | int | None = None,
-    script: Sequence[str] | None = None,
-    overwrite: bool = False,
     runner: str = "ray",
     ray_address: str | None = None,
-    cpus_per_rank: int = DEFAULT_CPUS_PER_RANK,
-    gpus_per_rank: float | None = None,
-    max_concurrent: int | None = None,
     on_event: Callable[[TuningEvent], None] | None = None,
     warm_start: WarmStart | None = None,
     sampler: optuna.samplers.BaseSampler | None = None,
-    **autotuning: Any,
+    **options: Any,
 ) -> TuningReport:
     """Tune, as ``autotune run`` does: run (or resume) experiments, rank them, write
     ``ds_config_optimal.json`` and the summary into the results directory.
 
     Args:
         config: a DeepSpeed-style config: a JSON file, a dict, or None: the built-in one.
-        workload: ``gpt``, ``mlp``, ``hf:<model_type>`` or ``package.module:function``.
-        workload_args: the workload's keyword arguments.
-        world_size: data-parallel ranks.
-        device_memory: per-rank memory budget: bytes or a size such as ``"16GiB"``.
-        script: script mode: ``["train.py", *args]``, tuned instead of ``workload``.
-        overwrite: discard a previous run's results.
         runner: ``"ray"`` (warm actors) or ``"local"`` (fresh processes); started here and
             shut down before this returns, whatever happens.
         ray_address: an existing Ray cluster (None: ``RAY_ADDRESS``, else one started here).
-        cpus_per_rank: cores each rank gets.
-        gpus_per_rank: Ray: GPUs per rank (None: 1 if the cluster has GPUs).
-        max_concurrent: Ray: experiments at once (None: as many as fit on the GPUs, else 1).
         on_event: called as each experiment starts and finishes (a progress display).
         warm_start: what earlier runs on the same hardware taught (``model_based``): their
             fitted cost model and their answers (:class:`autotune.tuner.warm_start.WarmStart`).
         sampler: any Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, a GP, CMA-ES,
             your own) to search with instead of the tuner type's; every experiment is still
             a trial of the run's study, re-measurement and the stopping rules still apply.
-        **autotuning: keys of the config's ``autotuning`` section, over the config's values
-            (``metric="latency"``, ``tuner_type="gridsearch"``, ``tuner_num_trials=10``,
-            ``time_budget_s=600``, ``results_dir="runs/a"``); None leaves a key to the config.
+        **options: ``autotune run``'s options, by their names in
+            :class:`~autotune.run_options.RunOptions` (``workload="mlp"``,
+            ``workload_args={...}``, ``world_size=2``, ``device_memory="16GiB"``,
+            ``script=[...]``, ``metric="latency"``, ``num_trials=10``, ``cpus_per_rank=1``,
+            ``max_concurrent=2``, ``results_dir="runs/a"``, ``overwrite=True``, ...), and any
+            key of the config's ``autotuning`` section (``tuner_type="gridsearch"``,
+            ``time_budget_s=600``), over the config's values; None leaves one to the config.
 
     Returns:
         The report: the summary (``report.summary.best`` is None when no experiment ran ok),
@@ -362,9 +322,9 @@ def tune(
 
     Raises:
         ConfigError, ScriptError, WorkloadError, ResultsDirError, ResultsLockedError,
-        DeepSpeedUnavailable: the input cannot run (see :func:`make_job`); a bad config
-        before the runner starts, the rest while it starts (it is shut down first), and a
-        config that leaves nothing to search once it has.
+        DeepSpeedUnavailable: the input cannot run (see :func:`make_job`); a bad option or
+        config before the runner starts, the rest while it starts (it is shut down first),
+        and a config that leaves nothing to search once it has.
         KeyboardInterrupt: finished experiments are kept; the same call resumes.
 
     Example::
@@ -377,28 +337,14 @@ def tune(
         )
         print(report.summary.best, report.optimal_config_path)
     """
+    given, settings = split_options(RunOptions, {k: v for k, v in options.items() if v is not None})
     request = RunRequest(
-        config=config,
-        autotuning=autotuning,
-        world_size=world_size,
-        workload=workload,
-        workload_args=workload_args or {},
-        device_memory=device_memory,
-        script=script,
-        overwrite=overwrite,
-        cpus_per_rank=cpus_per_rank,
+        options=options_of(RunOptions, config=config, settings=settings, **given),
         started_s=time.monotonic(),
         started_cpu=sample_cpu(),
     )
-    start = functools.partial(make_runner, runner, ray_address, gpus_per_rank)
-    return run(
-        request,
-        start,
-        on_event=on_event,
-        max_concurrent=max_concurrent,
-        warm_start=warm_start,
-        sampler=sampler,
-    )
+    start = functools.partial(make_runner, runner, ray_address, request.options.gpus_per_rank)
+    return run(request, start, on_event=on_event, warm_start=warm_start, sampler=sampler)
 
 
 def run(
@@ -408,7 +354,6 @@ def run(
     on_event: Callable[[TuningEvent], None] | None = None,
     on_checked: Callable[[TuningJob], None] | None = None,
     on_report: Callable[[TuningReport], None] | None = None,
-    max_concurrent: int | None = None,
     warm_start: WarmStart | None = None,
     sampler: optuna.samplers.BaseSampler | None = None,
 ) -> TuningReport:
@@ -426,7 +371,7 @@ def run(
             (to say the run goes on).
         on_report: called with the report before the runner shuts down (a cluster takes a
             while to stop; the answer is ready).
-        max_concurrent, warm_start, sampler: as for :func:`tune`.
+        warm_start, sampler: as for :func:`tune`.
 
     Raises:
         as :func:`tune`: every input error named by where it came from.
@@ -443,8 +388,9 @@ def run(
 
     try:
         with started_runner(job, functools.partial(start_runner, job), checked) as runner:
+            concurrent = request.options.max_concurrent
             report = tuning.tune(
-                job, runner, on_event, max_concurrent, warm_start, sampler, profiled[0]
+                job, runner, on_event, concurrent, warm_start, sampler, profiled[0]
             )
             if on_report is not None:
                 on_report(report)
@@ -462,9 +408,9 @@ def _config_file(request: RunRequest, script: ScriptTarget | None) -> Path | str
     """
     from autotune.script_target import ScriptError
 
-    if isinstance(request.config, str | Path):
-        return request.config
-    if script is None or request.config is not None:
+    if isinstance(request.options.config, str | Path):
+        return request.options.config
+    if script is None or request.options.config is not None:
         return None
     found = script.config_path()
     if found is None and script.launch_config() is None:
@@ -478,25 +424,11 @@ def _config_file(request: RunRequest, script: ScriptTarget | None) -> Path | str
 
 
 def _device_memory_bytes(request: RunRequest) -> int | None:
-    if request.device_memory is None:
+    if request.options.device_memory is None:
         return None
     try:
-        return parse_size(request.device_memory)
+        return parse_size(request.options.device_memory)
     except ValueError as err:
         raise ConfigError(
             "", str(err), request.names.get("device_memory", "device_memory")
         ) from None
-
-
-def _workload_args(args: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
-    if isinstance(args, Mapping):
-        return dict(args)
-    from autotune.workloads import parse_workload_args  # without torch
-
-    return parse_workload_args(args)
-
-
-def _as_json(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    return str(value) if isinstance(value, Path) else value

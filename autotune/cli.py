@@ -18,14 +18,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from autotune.cli_options import with_options
 from autotune.cli_results import register as register_results_commands
 from autotune.cli_service import register as register_service_commands
-from autotune.config import ConfigError, EngineName, Metric, TunerType
-from autotune.defaults import (
-    DEFAULT_CPUS_PER_RANK,
-    DEFAULT_WORKLOAD,
-    DEFAULT_WORLD_SIZE,
-)
+from autotune.config import ConfigError
+from autotune.defaults import DEFAULT_WORLD_SIZE
+from autotune.run_options import RunOptions
 
 if TYPE_CHECKING:
     from autotune.api import RunRequest
@@ -165,92 +163,23 @@ _WorkloadArgOption = Annotated[
     list[str] | None,
     typer.Option("--workload-arg", "-a", help="key=value for the workload (repeatable)."),
 ]
-_EngineOption = Annotated[
-    EngineName | None,
-    typer.Option(
-        case_sensitive=False,
-        help="What measures each experiment: builtin (autotune's engine) or deepspeed "
-        "(the installed DeepSpeed's own).",
-    ),
-]
-_DeviceMemoryOption = Annotated[
-    str | None,
-    typer.Option(
-        help="Per-rank memory budget, e.g. 16GiB (CPU default: 512MiB; with --engine "
-        "deepspeed the host's RAM shared among the ranks)."
-    ),
-]
-_TimeBudgetOption = Annotated[
-    float | None,
-    typer.Option(
-        help="Seconds for the whole run, from now: nothing starts that would end past "
-        "it, and the best is measured again within it.",
-    ),
-]
-_StorageOption = Annotated[
-    str | None,
-    typer.Option(
-        help="Where the run's Optuna study goes: a database URL (sqlite:///runs/autotune.db, "
-        "postgresql://...) or a journal file; default: study.journal in the results dir.",
-    ),
-]
-_GpusPerRankOption = Annotated[
-    float | None,
-    typer.Option(min=0, help="Ray: GPUs per rank (default: 1 if the cluster has GPUs)."),
-]
-_MaxConcurrentOption = Annotated[
-    int | None,
-    typer.Option(
-        min=1,
-        help="Ray: experiments at once (default: as many as fit on the cluster's GPUs; "
-        "1 without GPUs).",
-    ),
-]
 
 
 @app.command()
+@with_options(RunOptions, lambda message: fail(message), exclude={"script", "settings"})
 def run(
-    ctx: typer.Context,
     script: _ScriptArgument = None,
-    config: _ConfigOption = None,
-    workload: Annotated[
-        str,
-        typer.Option(
-            help="gpt, mlp, hf:<model_type> (e.g. hf:bert; needs transformers), "
-            "or package.module:function."
-        ),
-    ] = DEFAULT_WORKLOAD,
-    workload_arg: _WorkloadArgOption = None,
-    metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
-    tuner: Annotated[TunerType | None, typer.Option(case_sensitive=False)] = None,
-    engine: _EngineOption = None,
-    world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = DEFAULT_WORLD_SIZE,
-    results_dir: Annotated[Path | None, typer.Option(help="Where results live.")] = None,
-    device_memory: _DeviceMemoryOption = None,
-    fast: Annotated[
-        bool | None, typer.Option("--fast/--no-fast", help="Only stages and micro-batch.")
-    ] = None,
-    num_trials: Annotated[int | None, typer.Option(min=1)] = None,
-    early_stopping: Annotated[int | None, typer.Option(min=1)] = None,
-    start_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
-    end_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
-    timeout: Annotated[float | None, typer.Option(min=1, help="Seconds per experiment.")] = None,
-    time_budget: _TimeBudgetOption = None,
-    overwrite: Annotated[bool, typer.Option(help="Discard earlier results.")] = False,
-    storage: _StorageOption = None,
     ray_address: Annotated[
         str | None, typer.Option(envvar="RAY_ADDRESS", help="An existing Ray cluster.")
     ] = None,
     runner: Annotated[
         RunnerKind, typer.Option(case_sensitive=False, help="ray: warm actors; local: fresh.")
     ] = RunnerKind.ray,
-    cpus_per_rank: Annotated[int, typer.Option(min=1)] = DEFAULT_CPUS_PER_RANK,
-    gpus_per_rank: _GpusPerRankOption = None,
-    max_concurrent: _MaxConcurrentOption = None,
-    seed: Annotated[int | None, typer.Option()] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Log lines, no live display.")
     ] = False,
+    *,
+    options: RunOptions,
 ) -> None:
     """Tune: run experiments, rank them, write ds_config_optimal.json. Re-run to resume.
 
@@ -268,16 +197,7 @@ def run(
     from autotune.summary_text import stopped_line
 
     request = RunRequest(
-        config=config,
-        autotuning={key: ctx.params[_param(flag)] for flag, key in _AUTOTUNING_FLAGS.items()},
-        # Not given: a launch's own (accelerate launch's num_processes), else the default.
-        world_size=world_size if _given(ctx, "world_size") else None,
-        workload=workload,
-        workload_args=workload_arg or [],
-        device_memory=device_memory,
-        script=script,
-        overwrite=overwrite,
-        cpus_per_rank=cpus_per_rank,
+        options=options.model_copy(update={"script": script or None}),
         started_s=started_s,
         started_cpu=started_cpu,
         names=_RUN_NAMES,
@@ -294,7 +214,7 @@ def run(
             markup=False,
         )
 
-    start = functools.partial(_make_runner, runner, ray_address, gpus_per_rank)
+    start = functools.partial(_make_runner, runner, ray_address, options.gpus_per_rank)
     with _bad_input_exits(request, _job_errors, _tune_errors):
         try:
             with Progress(console, quiet) as progress:
@@ -304,12 +224,7 @@ def run(
                     print_report(console, done)
 
                 report = run_request(
-                    request,
-                    start,
-                    on_event=progress,
-                    on_checked=header,
-                    on_report=finished,
-                    max_concurrent=max_concurrent,
+                    request, start, on_event=progress, on_checked=header, on_report=finished
                 )
         except KeyboardInterrupt:
             typer.echo(
@@ -324,39 +239,11 @@ def run(
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
 
 
-# The run flags that set a key of the config's autotuning section: the one table both for
-# applying them and for naming the flag in an error about the value it set.
-_AUTOTUNING_FLAGS = {
-    "--metric": "metric",
-    "--tuner": "tuner_type",
-    "--engine": "engine",
-    "--fast": "fast",
-    "--num-trials": "tuner_num_trials",
-    "--early-stopping": "tuner_early_stopping",
-    "--start-profile-step": "start_profile_step",
-    "--end-profile-step": "end_profile_step",
-    "--timeout": "timeout_s",
-    "--time-budget": "time_budget_s",
-    "--seed": "seed",
-    "--results-dir": "results_dir",
-    "--storage": "storage",
-}
 # How run's errors name its inputs: by the flags that gave them.
-_RUN_NAMES = {key: flag for flag, key in _AUTOTUNING_FLAGS.items()} | {
+_RUN_NAMES = RunOptions.autotuning_flags() | {
     "device_memory": "--device-memory",
     "config": "-c CONFIG",
 }
-
-
-def _given(ctx: typer.Context, name: str) -> bool:
-    """Whether the command line (or the environment) set parameter ``name``."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name != "DEFAULT"
-
-
-def _param(flag: str) -> str:
-    """The name of run's parameter for ``flag``, as Typer derives the flag from it."""
-    return flag.removeprefix("--").replace("-", "_")
 
 
 def _job_errors() -> tuple[type[Exception], ...]:

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from autotune.config import ConfigError, EngineName, Metric, TunerType
-from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD, DEFAULT_WORLD_SIZE
+from autotune.cli_options import with_options
+from autotune.config import ConfigError
+from autotune.run_options import TuningOptions
 from autotune.service.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -123,6 +124,7 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
             raise fail(str(err)) from None
 
     @app.command(context_settings={"ignore_unknown_options": False})
+    @with_options(TuningOptions, fail, exclude={"script"})
     def submit(
         server: Annotated[
             str, typer.Option(envvar="AUTOTUNE_SERVER", help="The service, http://host:port.")
@@ -138,27 +140,6 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
         config: Annotated[
             Path | None, typer.Option("--config", "-c", help="DeepSpeed config (sent).")
         ] = None,
-        workload: Annotated[str, typer.Option(help="As for run.")] = DEFAULT_WORKLOAD,
-        workload_arg: Annotated[
-            list[str] | None,
-            typer.Option("--workload-arg", "-a", help="key=value for the workload (repeatable)."),
-        ] = None,
-        metric: Annotated[Metric | None, typer.Option(case_sensitive=False)] = None,
-        tuner: Annotated[TunerType | None, typer.Option(case_sensitive=False)] = None,
-        engine: Annotated[EngineName | None, typer.Option(case_sensitive=False)] = None,
-        world_size: Annotated[int, typer.Option("--world-size", "-n", min=1)] = DEFAULT_WORLD_SIZE,
-        device_memory: Annotated[str | None, typer.Option(help="As for run.")] = None,
-        fast: Annotated[bool | None, typer.Option("--fast/--no-fast")] = None,
-        num_trials: Annotated[int | None, typer.Option(min=1)] = None,
-        early_stopping: Annotated[int | None, typer.Option(min=1)] = None,
-        start_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
-        end_profile_step: Annotated[int | None, typer.Option(min=1)] = None,
-        timeout: Annotated[float | None, typer.Option(min=1)] = None,
-        time_budget: Annotated[float | None, typer.Option()] = None,
-        seed: Annotated[int | None, typer.Option()] = None,
-        cpus_per_rank: Annotated[int, typer.Option(min=1)] = DEFAULT_CPUS_PER_RANK,
-        gpus_per_rank: Annotated[float | None, typer.Option(min=0)] = None,
-        max_concurrent: Annotated[int | None, typer.Option(min=1)] = None,
         cwd: Annotated[
             Path | None,
             typer.Option(help="Script mode: the folder it runs in (default: this one)."),
@@ -168,43 +149,26 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
         ] = False,
         wait: Annotated[bool, typer.Option(help="Follow the job until it ends.")] = False,
         token_file: _TokenFileOption = None,
+        *,
+        options: TuningOptions,
     ) -> None:
         """Submit a tuning job to an autotune service (run's flags), print {id, status,
         cached}; with --wait, follow it and print how it ended (exit 1 unless it succeeded)."""
         from autotune.api import read_config
         from autotune.service.client import Client, ClientError
         from autotune.service.settings import SettingsError, read_token
-        from autotune.workloads.args import WorkloadError, parse_workload_args
 
         try:
             job: dict[str, Any] = {
+                **options.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
                 "config": read_config(config) if config is not None else None,
-                "workload": workload,
-                "workload_args": parse_workload_args(workload_arg or []),
-                "world_size": world_size,
-                "metric": metric,
-                "tuner": tuner,
-                "engine": engine,
-                "device_memory": device_memory,
-                "fast": fast,
-                "num_trials": num_trials,
-                "early_stopping": early_stopping,
-                "start_profile_step": start_profile_step,
-                "end_profile_step": end_profile_step,
-                "timeout": timeout,
-                "time_budget": time_budget,
-                "seed": seed,
-                "cpus_per_rank": cpus_per_rank,
-                "gpus_per_rank": gpus_per_rank,
-                "max_concurrent": max_concurrent,
                 "force": force,
             }
             if script:
                 job["script"] = list(script)
                 job["cwd"] = str((cwd or Path.cwd()).resolve())
-            body = {k: v.value if hasattr(v, "value") else v for k, v in job.items()}
             client = Client(server, read_token(token_file))
-            answer = client.submit({k: v for k, v in body.items() if v is not None})
+            answer = client.submit({k: v for k, v in job.items() if v is not None})
             typer.echo(json.dumps(answer))
             if not wait:
                 return
@@ -213,7 +177,7 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
                 typer.echo(f"{view['status']}: {view['experiments']} experiment(s)", err=True)
 
             final = client.wait(answer["id"], progress)
-        except (ConfigError, WorkloadError, SettingsError, ClientError) as err:
+        except (ConfigError, SettingsError, ClientError) as err:
             raise fail(str(err)) from None
         typer.echo(json.dumps(final, indent=2))
         if final["status"] != "succeeded":

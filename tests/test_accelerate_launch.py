@@ -15,6 +15,7 @@ import yaml
 from autotune.accelerate_launch import LaunchError, parse_accelerate_launch, with_precision
 from autotune.api import RunRequest, load_job
 from autotune.config import ConfigError
+from autotune.run_options import RunOptions
 from autotune.script_target import ScriptError, ScriptTarget, launch_yaml_path
 
 pytest.importorskip("accelerate")
@@ -143,12 +144,12 @@ def test_a_run_takes_its_world_size_and_config_from_the_launch(tmp_path: Path) -
     config = yaml.safe_load(trl_yaml("zero2").read_text()) | {"num_processes": 2}
     path = written(tmp_path / "z2.yaml", config)
     command = ["accelerate", "launch", "--config_file", str(path), str(script(tmp_path)), "--x"]
-    job = load_job(RunRequest(script=command, autotuning={"results_dir": str(tmp_path / "r")}))
+    job = load_job(RunRequest(RunOptions(script=command, results_dir=str(tmp_path / "r"))))
     assert job.world_size == 2 and job.label == "accelerate launch sft.py"
     assert job.config.zero_optimization.stage == 2
     assert job.config.spec["bf16"] == {"enabled": True}  # mixed_precision: bf16
     assert job.script is not None and job.script.args == ("--x",)
-    given = RunRequest(script=command, world_size=4, autotuning={"results_dir": str(tmp_path)})
+    given = RunRequest(RunOptions(script=command, world_size=4, results_dir=str(tmp_path)))
     assert load_job(given).world_size == 4  # --world-size wins over num_processes
 
 
@@ -173,10 +174,10 @@ def test_the_command_is_accelerate_launch_with_the_tuned_yaml(tmp_path: Path) ->
 def test_a_yaml_given_as_the_config_says_how_to_tune_it(tmp_path: Path) -> None:
     accelerate = written(tmp_path / "z2.yaml", {"distributed_type": "DEEPSPEED"})
     with pytest.raises(ConfigError, match="accelerate launch --config_file"):
-        load_job(RunRequest(config=accelerate, script=[str(script(tmp_path))]))
+        load_job(RunRequest(RunOptions(config=accelerate, script=[str(script(tmp_path))])))
     factory = written(tmp_path / "sft.yaml", {"deepspeed": "ds_z2_config.json"})
     with pytest.raises(ConfigError, match=r"-m llamafactory\.launcher"):
-        load_job(RunRequest(config=factory, script=[str(script(tmp_path))]))
+        load_job(RunRequest(RunOptions(config=factory, script=[str(script(tmp_path))])))
 
 
 def test_accelerate_launch_without_deepspeed_is_refused(tmp_path: Path) -> None:

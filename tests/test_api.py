@@ -17,6 +17,7 @@ import autotune.job
 from autotune.api import RunRequest, load_job, make_job, started_runner, tune
 from autotune.config import ConfigError
 from autotune.job import TuningJob
+from autotune.run_options import RunOptions
 from autotune.script_target import ScriptError
 from autotune.workloads import WorkloadError
 
@@ -68,10 +69,11 @@ def test_a_config_file_is_named_in_its_errors_and_a_named_override_by_its_name(
     path = tmp_path / "bad.json"
     path.write_text('{"zero_optimization": {"stagee": 1}}')
     with pytest.raises(ConfigError, match=rf"^{path}: zero_optimization\.stagee"):
-        make_job(RunRequest(config=path))
+        make_job(RunRequest(RunOptions(config=path)))
     path.write_text("{}")
-    named = RunRequest(path, {"seed": "x"}, names={"seed": "--seed"})
-    with pytest.raises(ConfigError, match=r"^--seed x: autotuning\.seed"):
+    late = RunOptions(config=path, start_profile_step=5, end_profile_step=4)
+    named = RunRequest(late, names={"end_profile_step": "--end-profile-step"})
+    with pytest.raises(ConfigError, match=r"^--end-profile-step 4: autotuning\.end_profile_step"):
         make_job(named)
 
 
@@ -100,8 +102,10 @@ def test_loading_a_job_with_workload_arguments_leaves_torch_to_the_check(tmp_pat
     probe = (
         "import json, sys\n"
         "from autotune.api import RunRequest, load_job\n"
-        f"job = load_job(RunRequest({{}}, workload_args=['n_layer=2', 'vocab=64'],"
-        f" autotuning={{'results_dir': {str(tmp_path / 'r')!r}}}))\n"
+        "from autotune.run_options import RunOptions\n"
+        f"options = RunOptions(config={{}}, workload_args=['n_layer=2', 'vocab=64'],"
+        f" results_dir={str(tmp_path / 'r')!r})\n"
+        "job = load_job(RunRequest(options))\n"
         "print(json.dumps([dict(job.workload_args), 'torch' in sys.modules]))\n"
     )
     done = subprocess.run(
@@ -112,7 +116,7 @@ def test_loading_a_job_with_workload_arguments_leaves_torch_to_the_check(tmp_pat
 
 
 def a_job(tmp_path: Path) -> TuningJob:
-    return load_job(RunRequest(CONFIG, autotuning={"results_dir": str(tmp_path / "r")}))
+    return load_job(RunRequest(RunOptions(config=CONFIG, results_dir=str(tmp_path / "r"))))
 
 
 def test_the_job_is_checked_while_the_runner_starts(

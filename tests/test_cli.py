@@ -157,10 +157,12 @@ def test_a_flag_that_breaks_a_config_rule_is_named_instead_of_the_file(tmp_path:
     path.write_text('{"zero_optimization": {"stage": 1}}')
     ran = runner.invoke(app, ["run", "-c", str(path), "--time-budget", "-5"])
     assert ran.exit_code == 2
-    assert ran.stderr.splitlines() == [
-        "error: --time-budget -5.0: autotuning.time_budget_s: input should be greater than 0 "
-        "(got -5.0)"
-    ]
+    assert ran.stderr.splitlines() == ["error: --time-budget -5.0: input should be greater than 0"]
+    # A rule only the config knows: which flag set the value it breaks.
+    window = ["--start-profile-step", "6", "--end-profile-step", "5"]
+    ran = runner.invoke(app, ["run", "-c", str(path), *window])
+    assert ran.exit_code == 2 and len(ran.stderr.splitlines()) == 1
+    assert ran.stderr.startswith("error: --end-profile-step 5: autotuning.end_profile_step")
 
 
 def test_report_and_best_default_to_the_directory_run_defaults_to(

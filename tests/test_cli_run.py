@@ -201,7 +201,7 @@ BAD_INPUT = {
     "workload": (["--workload", "nonsense"], "nonsense"),
     "size": (["--device-memory", "lots"], "--device-memory"),
     "workload arg": (["--workload-arg", "novalue"], "expected key=value"),
-    "budget": (["--time-budget", "0"], "autotuning.time_budget_s: input should be greater than 0"),
+    "budget": (["--time-budget", "0"], "--time-budget 0.0: input should be greater than 0"),
 }
 # Every case through the console entry point in one interpreter: as a user's process sees
 # them (main() and its warning hook included), without an interpreter start per case.

@@ -20,11 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import Field
 
-from autotune.config import EngineName, Metric, TunerType
-from autotune.config.autotuning import MAX_SEED
-from autotune.defaults import DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD, DEFAULT_WORLD_SIZE
+from autotune.defaults import DEFAULT_WORLD_SIZE
+from autotune.run_options import MAX_ARG_CHARS, ArgValue, RunOptions, TuningOptions, option
 from autotune.service.imports import import_problem_for_job, is_inside
 from autotune.workloads.args import did_you_mean
 
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
     from autotune.job import TuningJob
 
 MAX_BODY_BYTES = 1 << 20  # a config and a script's argv fit many times over
-_MAX_ARG_CHARS = 4096
 _IDENTIFIER = r"[A-Za-z_]\w*"
 _DOTTED = rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*"
 _MODULE = re.compile(_DOTTED)
@@ -40,13 +38,6 @@ _USER_WORKLOAD = re.compile(rf"(?P<module>{_DOTTED}):{_IDENTIFIER}")
 _BUILTIN = re.compile(r"[A-Za-z0-9_][\w\-]*")
 # transformers' model types: gpt2, deberta-v2, xlm-roberta, kosmos-2.5; no path in them.
 _HF_MODEL_TYPE = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
-
-_Arg = Annotated[str, Field(max_length=_MAX_ARG_CHARS)]
-# A JSON number the job can use: not Infinity or NaN (which JSON itself does not have, and
-# which would be stored as null), an int within what torch and NumPy take.
-_Finite = Annotated[float, Field(allow_inf_nan=False)]
-ArgValue = _Arg | Annotated[int, Field(ge=-(2**63), lt=2**63)] | _Finite | bool | None
-_ArgName = Annotated[str, StringConstraints(pattern=rf"^{_IDENTIFIER}$", max_length=128)]
 
 
 class RequestError(ValueError):
@@ -58,74 +49,21 @@ class RequestError(ValueError):
         self.status = status
 
 
-class JobRequest(BaseModel):
-    """What a job asks for: ``autotune run``'s flags (see ``autotune run --help``)."""
+class JobRequest(TuningOptions):
+    """What a job asks for: ``autotune run``'s options (:class:`TuningOptions`, each meaning
+    what its flag means), its config as data, and a script's working directory."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    config: dict[str, Any] | None = None
-    workload: Annotated[str, Field(min_length=1, max_length=256)] = DEFAULT_WORKLOAD
-    workload_args: dict[_ArgName, ArgValue] = Field(default_factory=dict, max_length=256)
-    world_size: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_WORLD_SIZE
-    metric: Metric | None = None
-    tuner: TunerType | None = None
-    engine: EngineName | None = None
-    device_memory: Annotated[str, Field(max_length=32)] | Annotated[int, Field(gt=0)] | None = None
-    fast: bool | None = None
-    num_trials: Annotated[int, Field(ge=1)] | None = None
-    early_stopping: Annotated[int, Field(ge=1)] | None = None
-    start_profile_step: Annotated[int, Field(ge=1)] | None = None
-    end_profile_step: Annotated[int, Field(ge=1)] | None = None
-    timeout: Annotated[_Finite, Field(ge=1)] | None = None
-    time_budget: Annotated[_Finite, Field(gt=0)] | None = None
-    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
-    cpus_per_rank: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_CPUS_PER_RANK
-    gpus_per_rank: Annotated[_Finite, Field(ge=0, le=64)] | None = None
-    max_concurrent: Annotated[int, Field(ge=1)] | None = None
-    script: Annotated[list[_Arg], Field(min_length=1, max_length=512)] | None = None
-    cwd: Annotated[str, Field(max_length=_MAX_ARG_CHARS)] | None = None
-    force: bool = False
-
-    @field_validator("script")
-    @classmethod
-    def _plain_arguments(cls, script: list[str] | None) -> list[str] | None:
-        for arg in script or ():
-            if "\x00" in arg:
-                raise ValueError("an argument holds a NUL byte")
-        return script
-
-    def autotuning(self) -> dict[str, Any]:
-        """The keys of the config's ``autotuning`` section the request sets."""
-        keys = {
-            "metric": self.metric,
-            "tuner_type": self.tuner,
-            "engine": self.engine,
-            "fast": self.fast,
-            "tuner_num_trials": self.num_trials,
-            "tuner_early_stopping": self.early_stopping,
-            "start_profile_step": self.start_profile_step,
-            "end_profile_step": self.end_profile_step,
-            "timeout_s": self.timeout,
-            "time_budget_s": self.time_budget,
-            "seed": self.seed,
-        }
-        return {key: value for key, value in keys.items() if value is not None}
+    config: dict[str, Any] | None = option(None, "The DeepSpeed config (sent).")
+    cwd: Annotated[str, Field(max_length=MAX_ARG_CHARS)] | None = option(
+        None, "Script mode: the folder the script runs in."
+    )
+    force: bool = option(False, "Tune again even if the same job was answered.")
 
     def tune_kwargs(self) -> dict[str, Any]:
         """:func:`autotune.api.tune`'s keyword arguments for this request (the results
         directory, storage, runner and Ray address are the service's to add)."""
-        return {
-            "config": self.config,
-            "workload": self.workload,
-            "workload_args": dict(self.workload_args),
-            "world_size": self.world_size,
-            "device_memory": self.device_memory,
-            "script": list(self.script) if self.script else None,
-            "cpus_per_rank": self.cpus_per_rank,
-            "gpus_per_rank": self.gpus_per_rank,
-            "max_concurrent": self.max_concurrent,
-            **self.autotuning(),
-        }
+        shared = self.model_dump(include=set(TuningOptions.model_fields), exclude_none=True)
+        return {"config": self.config, **shared}
 
     def label(self) -> str:
         """What it tunes, for a folder's name: the workload, or the script's file."""
@@ -285,21 +223,22 @@ def check_fits(request: JobRequest, resources: Mapping[str, float]) -> None:
     Raises:
         RequestError: they do not.
     """
-    cpus = request.world_size * request.cpus_per_rank
+    world_size = request.world_size or DEFAULT_WORLD_SIZE
+    cpus = world_size * request.cpus_per_rank
     have_cpus = resources.get("CPU", 0.0)
     if cpus > have_cpus:
         raise RequestError(
-            f"world_size {request.world_size} × cpus_per_rank {request.cpus_per_rank} needs "
+            f"world_size {world_size} × cpus_per_rank {request.cpus_per_rank} needs "
             f"{cpus} CPUs: the cluster has {have_cpus:g}"
         )
     have_gpus = resources.get("GPU", 0.0)
     per_rank = request.gpus_per_rank
     if per_rank is None:  # as the runner decides: one each where the cluster has GPUs
         per_rank = 1.0 if have_gpus >= 1 else 0.0
-    if request.world_size * per_rank > have_gpus:
+    if world_size * per_rank > have_gpus:
         raise RequestError(
-            f"world_size {request.world_size} × gpus_per_rank {per_rank:g} needs "
-            f"{request.world_size * per_rank:g} GPUs: the cluster has {have_gpus:g}"
+            f"world_size {world_size} × gpus_per_rank {per_rank:g} needs "
+            f"{world_size * per_rank:g} GPUs: the cluster has {have_gpus:g}"
         )
 
 
@@ -356,23 +295,13 @@ def tuning_job(request: JobRequest, results_dir: Path, storage: str) -> TuningJo
     """
     from autotune.api import RunRequest, load_job
 
-    return load_job(
-        RunRequest(
-            config=request.config,
-            autotuning={
-                **request.autotuning(),
-                "results_dir": str(results_dir),
-                "storage": storage,
-            },
-            world_size=request.world_size,
-            workload=request.workload,
-            workload_args=dict(request.workload_args),
-            device_memory=request.device_memory,
-            script=request.script,
-            cpus_per_rank=request.cpus_per_rank,
-            names=_FIELD_NAMES,
-        )
+    options = RunOptions(
+        **request.model_dump(include=set(TuningOptions.model_fields)),
+        config=request.config,
+        results_dir=str(results_dir),
+        storage=storage,
     )
+    return load_job(RunRequest(options=options, names=_FIELD_NAMES))
 
 
 def placement(request: JobRequest) -> dict[str, Any]:
@@ -380,19 +309,8 @@ def placement(request: JobRequest) -> dict[str, Any]:
     return {"cpus_per_rank": request.cpus_per_rank, "gpus_per_rank": request.gpus_per_rank}
 
 
-# How an error names a request's field: by its JSON name (autotuning key → field).
-_FIELD_NAMES = {
-    "metric": "metric",
-    "tuner_type": "tuner",
-    "engine": "engine",
-    "fast": "fast",
-    "tuner_num_trials": "num_trials",
-    "tuner_early_stopping": "early_stopping",
-    "start_profile_step": "start_profile_step",
-    "end_profile_step": "end_profile_step",
-    "timeout_s": "timeout",
-    "time_budget_s": "time_budget",
-    "seed": "seed",
+# How an error names a request's field: by its JSON name.
+_FIELD_NAMES = TuningOptions.autotuning_fields() | {
     "device_memory": "device_memory",
     "config": "config",
 }

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from autotune.defaults import DEFAULT_WORLD_SIZE
 from autotune.service import worker
 from autotune.service.queue import CANCELLED, FAILED, QUEUED, RUNNING, Job, JobQueue
 from autotune.service.requests import JobRequest
@@ -159,7 +160,7 @@ class Scheduler:
     def _start_next(self) -> None:
         for job in self.queue.with_status(QUEUED):
             request = JobRequest.model_validate(job.request)
-            gpus = request.world_size * (
+            gpus = (request.world_size or DEFAULT_WORLD_SIZE) * (
                 request.gpus_per_rank if request.gpus_per_rank is not None else 1.0
             )
             if not self._fits(gpus):

@@ -215,15 +215,21 @@ def _step_of(
     return known[name]
 
 
+# What a plain trial that failed without a status is taken for.
+UNEXPLAINED = "oom: the trial failed and gave no status (taken as out of memory)"
+
+
 def result_of(
     trial: FrozenTrial, name: str, metric: Metric, batch: int, flops_per_step: float
 ) -> ExperimentResult:
     """How a finished trial's experiment ended: the result autotune recorded in its user
     attributes, else (a plain Optuna objective's) from its state and value: ``COMPLETE`` ran
     ok at that value of ``metric``; ``PRUNED`` after reporting stopped early at its last
-    report, or with user attribute ``status`` (``"oom"``) failed so; ``FAIL`` is an error.
-    An objective may set ``peak_memory_bytes``; ``batch`` and ``flops_per_step`` are the
-    experiment's (a step's global batch, a rank's FLOPs)."""
+    report; with user attribute ``status`` (``"oom"``, ``"error"``, ``"timeout"``) failed so.
+    A ``FAIL`` that gives no status is taken for out of memory (:data:`UNEXPLAINED`: what a
+    failure at the sizes this search tries mostly is, and how Ray Tune reports one), a
+    ``PRUNED`` without a report for an error. An objective may set ``peak_memory_bytes``;
+    ``batch`` and ``flops_per_step`` are the experiment's (a global batch, a rank's FLOPs)."""
     from optuna.trial import TrialState
 
     from autotune.experiment import Metrics, Status
@@ -238,8 +244,10 @@ def result_of(
     value = trial.value if trial.state is TrialState.COMPLETE else None
     if value is None and trial.state is TrialState.PRUNED and steps and status is None:
         value = steps[max(steps)]
+    if status is None and trial.state is TrialState.FAIL:
+        return ExperimentResult(name, Status.oom, error=attrs.get("error") or UNEXPLAINED)
     if value is None or status not in (None, Status.ok.value):
-        error = attrs.get("error") or (status or "the trial failed")
+        error = attrs.get("error") or (status or "the trial was pruned before it reported")
         return ExperimentResult(name, Status(status or Status.error.value), error=str(error))
     metrics = Metrics.from_window(
         [metric.step_time_s(value, batch, flops_per_step)],

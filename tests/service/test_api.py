@@ -92,7 +92,7 @@ def test_the_same_job_is_answered_from_a_finished_one(
         ({"workload": "mlp", "colour": "red"}, 422, "colour: unknown field"),
         ({"world_size": "two"}, 422, "world_size"),
         ({"world_size": 0}, 422, "world_size"),
-        ({"workload_args": {"d": [1, 2]}}, 422, "workload_args"),
+        ({"workload_args": {"d": [[1, 2]]}}, 422, "workload_args"),  # one level of JSON
         ({"config": {"zero_optimization": {"stage": 7}}}, 400, "zero_optimization.stage"),
         ({"workload": "os:system"}, 403, "built-in workloads only"),
         ({"workload": "gpt; rm -rf /"}, 400, "expected a built-in name"),

@@ -115,3 +115,45 @@ def test_ask_and_tell_by_hand_follow_the_search() -> None:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             study.tell(trial, value)
+
+
+def test_ray_tunes_optuna_search_takes_the_sampler_as_it_is(tmp_path: Path) -> None:
+    # Tune's loop, as its TuneController drives a searcher: suggest, run the trial, report;
+    # the searcher saved and restored between (Tune checkpoints it). The docs' subclass ends
+    # the Tune run once the search is over.
+    pytest.importorskip("ray.tune")
+    from ray.tune.search import Searcher
+    from ray.tune.search.optuna import OptunaSearch
+
+    from autotune.samplers import SearchOver
+
+    class AutotuneSearch(OptunaSearch):
+        def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+            try:
+                return super().suggest(trial_id)
+            except SearchOver:
+                return Searcher.FINISHED
+
+    space = space_of(TABLE, "model_based")
+    runner = TableRunner(TABLE, seed=0)
+    search = AutotuneSearch(
+        space=space.suggest,
+        sampler=ModelBasedSampler(space, seed=0),
+        metric="throughput",
+        mode="max",
+    )
+    names = []
+    for number in range(100):
+        config = search.suggest(str(number))
+        if config == Searcher.FINISHED:
+            break
+        assert isinstance(config, dict)
+        names.append(space.name(config))
+        value = runner.value(names[-1])
+        result = {"throughput": value} if value is not None else None
+        search.on_trial_complete(str(number), result, error=value is None)
+        if number == 2:  # Tune checkpoints its searcher; a restored one goes on alike
+            search.save(str(tmp_path / "searcher.pkl"))
+            search.restore(str(tmp_path / "searcher.pkl"))
+    assert 0 < len(names) < 100 and len(set(names)) == len(names)
+    assert max(runner.value(n) or 0.0 for n in names) >= WITHIN * runner.best_value

@@ -52,7 +52,7 @@ class ModelBasedSearch(Search):
         self._answers: tuple[Mapping[str, Any], ...] = (
             warm_start.answers if warm_start is not None else ()
         )
-        self._indices: dict[int, SpaceIndex] = {}  # by the space searched (its id)
+        self._indices: dict[Any, SpaceIndex] = {}  # by the model's sizes the space has
         self._fits = FitCache()
 
     def decide(self, context: SearchContext) -> Decision:
@@ -128,11 +128,12 @@ class ModelBasedSearch(Search):
         model: ModelShape | None,
         topology: Topology,
     ) -> SpaceIndex:
-        if id(space) not in self._indices:
-            self._indices[id(space)] = SpaceIndex.build(
+        key = context.model_info  # the space searched follows the model's sizes alone
+        if key not in self._indices:
+            self._indices[key] = SpaceIndex.build(
                 context.search.config, context.search, space, model, topology
             )
-        return self._indices[id(space)]
+        return self._indices[key]
 
     def not_measured(self, context: SearchContext) -> dict[str, int]:
         """Per variant, the configurations the model left unmeasured (it says they cannot
