@@ -1,8 +1,8 @@
 """A tuning job: what to tune and where its results live, and what is known before it runs.
 
-:class:`TuningJob` holds the job; :func:`check_job` and :func:`workload_model_info` check and
-profile it before any experiment, and :func:`experiment_spec` turns one of the tuner's
-candidates into the experiment a runner runs.
+:class:`TuningJob` holds the job; :func:`check_job` checks it (and profiles a workload, with
+:func:`~autotune.profiling.model_info.profile_workload`) before any experiment, and
+:func:`experiment_spec` turns one of the tuner's candidates into the experiment a runner runs.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import Config, parse_size
-from autotune.config.knobs import CHECKPOINTING_KEY
 from autotune.config.overrides import as_client_reads
 from autotune.defaults import DEFAULT_CPU_DEVICE_MEMORY, DEFAULT_CPUS_PER_RANK, DEFAULT_WORKLOAD
 from autotune.experiment import ExperimentResult, ExperimentSpec
@@ -23,7 +22,7 @@ from autotune.profiling.interference import CpuSample
 from autotune.results import ResultsDir
 from autotune.runner.measuring_engine import measuring_engine
 from autotune.script_target import ScriptTarget
-from autotune.tuner import Candidate
+from autotune.tuner.candidate import Candidate
 from autotune.tuner.hardware import Hardware, hardware_for_device
 
 if TYPE_CHECKING:
@@ -157,46 +156,13 @@ def check_job(job: TuningJob) -> ModelInfo | None:
         DeepSpeedUnavailable: the job measures on DeepSpeed, and none usable is installed.
     """
     measuring_engine(job.config.autotuning.engine).check_installed()
-    info = workload_model_info(job) if job.script is None else None
+    if job.script is not None:
+        info = None
+    else:
+        from autotune.profiling.model_info import profile_workload
+
+        info = profile_workload(job.config, job.workload, job.workload_args)
     ResultsDir.check(job.results_path, job.fingerprint(), overwrite=job.overwrite)
-    return info
-
-
-def workload_model_info(job: TuningJob) -> ModelInfo:
-    """Profile the job's workload (sizes, activations, FLOPs) before any experiment.
-
-    Raises:
-        WorkloadError: the workload spec is unusable, or its model fails a real step.
-    """
-    from autotune.profiling.model_info import model_info
-    from autotune.workloads import WorkloadError, check_workload, resolve_workload
-
-    seed = job.config.autotuning.seed
-    check_workload(job.workload, job.workload_args, seed=seed)
-    checkpointed = job.config.activation_checkpointing.enabled or bool(
-        job.config.search_space.get(CHECKPOINTING_KEY)
-    )
-    try:
-        workload = resolve_workload(job.workload, job.workload_args, seed=seed)
-        if checkpointed and workload.activation_checkpointing is None:
-            raise WorkloadError(
-                f"workload {job.workload!r}: cannot switch activation checkpointing on (the "
-                f"config's {CHECKPOINTING_KEY}); a built-in gpt or an hf: workload can"
-            )
-        switch = workload.activation_checkpointing if checkpointed else None
-        info = model_info(workload, 1, switch)
-    except WorkloadError:
-        raise
-    except Exception as err:  # the user's model failed a real forward/backward on CPU
-        raise WorkloadError(
-            f"workload {job.workload!r}: profiling one micro-batch failed: "
-            f"{type(err).__name__}: {err}"
-        ) from None
-    if not _has_cuda():
-        # The estimate predicts what an experiment will measure: on CPU the engine's
-        # accounting (which the stand-in budget is held to) counts the tensors saved for
-        # backward, not the gradients in flight that a CUDA allocator also sees.
-        info = replace(info, backward_bytes_per_sample=0, checkpointed_backward_bytes_per_sample=0)
     return info
 
 

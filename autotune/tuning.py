@@ -27,7 +27,6 @@ from autotune.job import (
     experiment_spec,
     job_hardware,
     measured_model_info,
-    workload_model_info,
 )
 from autotune.profiling.interference import leaves_room, others_cores, sample_cpu, wait_for_quiet
 from autotune.results import ResultsDir
@@ -144,7 +143,9 @@ def tune(
     # A workload's model is profiled up front; a script's is measured by its first experiment.
     info = model_info
     if info is None and job.script is None:
-        info = workload_model_info(job)
+        from autotune.profiling.model_info import profile_workload
+
+        info = profile_workload(job.config, job.workload, job.workload_args)
     notify = on_event or (lambda event: None)
     with ResultsDir.open(job.results_path, job.fingerprint(), overwrite=job.overwrite) as results:
         if info is None:

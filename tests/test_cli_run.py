@@ -131,12 +131,15 @@ def test_kill_9_mid_run_loses_nothing_and_resume_finishes(tmp_path: Path) -> Non
     assert names[: len(finished_before)] == finished_before
     study = ResultsDir(results).run_study.load()
     assert study is not None
-    # One trial per experiment, the cut-off one's finished too; a trial the kill caught
-    # between its creation and its naming is failed as abandoned.
-    named = [t for t in study.trials if "name" in t.user_attrs]
-    assert len(named) == len(names) and all(t.state.is_finished() for t in named)
-    assert all(t.user_attrs.get("abandoned") for t in study.trials if t not in named)
-    assert len(study.trials) - len(named) <= 1
+    # One trial per experiment, each finished; the one the kill cut off is failed, and the
+    # trial that ran it again says it supersedes it; a trial the kill caught between its
+    # creation and its naming (no configuration yet) is failed.
+    superseded = {t.user_attrs.get("supersedes") for t in study.trials}
+    named = [t for t in study.trials if "name" in t.user_attrs and t.number not in superseded]
+    assert len(named) == len(names) and all(t.state.is_finished() for t in study.trials)
+    left = [t for t in study.trials if t not in named]
+    assert all(t.number in superseded or "name" not in t.user_attrs for t in left)
+    assert all(t.state is TrialState.FAIL for t in left) and len(left) <= 1
     fresh = tmp_path / "fresh"
     complete = runner.invoke(app, run_args(config, fresh))
     assert complete.exit_code == 0

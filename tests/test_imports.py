@@ -43,11 +43,12 @@ def test_pure_module_loads_neither_torch_nor_ray_nor_the_engine(module: str) -> 
 
 
 # Type-only imports that close a loop, each a module that extends another's class with
-# functions taking it (checkpointing is the engine's, split out by size): the annotation
-# names the engine; nothing runs at import time.
+# functions taking it (checkpointing is the engine's, reading a study's trials is the search
+# space's, split out by size): the annotation names the class; nothing runs at import time.
 TYPE_ONLY_LOOPS = {
     ("autotune.engine.checkpoint", "autotune.engine.engine"),
     ("autotune.engine.reshard", "autotune.engine.engine"),
+    ("autotune.tuner.trials", "autotune.tuner.search_space"),
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,9 +16,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from autotune.config import Config
+from autotune.config.knobs import CHECKPOINTING_KEY
 from autotune.experiment import Metrics
 from autotune.profiling.flops import flops_per_micro_batch, run_train_step
-from autotune.workloads import Workload
+from autotune.workloads import Workload, WorkloadError, check_workload, resolve_workload
 
 
 @dataclass(frozen=True)
@@ -482,3 +484,42 @@ def model_info(
         checkpointed_backward_bytes_per_sample=backward,
         recompute_flops_per_sample=max(checkpointed_flops - flops, 0.0),
     )
+
+
+def profile_workload(config: Config, workload: str, workload_args: Mapping[str, Any]) -> ModelInfo:
+    """Profile a workload (sizes, activations, FLOPs) before any experiment of ``config``:
+    checkpointed too where the config switches activation checkpointing on or searches it.
+
+    Raises:
+        WorkloadError: the workload spec is unusable, or its model fails a real step.
+    """
+    seed = config.autotuning.seed
+    check_workload(workload, workload_args, seed=seed)
+    checkpointed = config.activation_checkpointing.enabled or bool(
+        config.search_space.get(CHECKPOINTING_KEY)
+    )
+    try:
+        resolved = resolve_workload(workload, workload_args, seed=seed)
+        if checkpointed and resolved.activation_checkpointing is None:
+            raise WorkloadError(
+                f"workload {workload!r}: cannot switch activation checkpointing on (the "
+                f"config's {CHECKPOINTING_KEY}); a built-in gpt or an hf: workload can"
+            )
+        switch = resolved.activation_checkpointing if checkpointed else None
+        info = model_info(resolved, 1, switch)
+    except WorkloadError:
+        raise
+    except Exception as err:  # the user's model failed a real forward/backward on CPU
+        raise WorkloadError(
+            f"workload {workload!r}: profiling one micro-batch failed: {type(err).__name__}: {err}"
+        ) from None
+    if not _has_cuda():
+        # The estimate predicts what an experiment will measure: on CPU the engine's
+        # accounting (which the stand-in budget is held to) counts the tensors saved for
+        # backward, not the gradients in flight that a CUDA allocator also sees.
+        info = replace(info, backward_bytes_per_sample=0, checkpointed_backward_bytes_per_sample=0)
+    return info
+
+
+def _has_cuda() -> bool:
+    return torch.cuda.is_available()

@@ -13,8 +13,9 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
@@ -48,7 +49,7 @@ class LocalRunner:
         Raises:
             ConfigError: this machine has GPUs but fewer than ``spec.world_size``.
         """
-        check_local_gpus(spec.world_size, _visible_gpus())
+        check_local_gpus(spec.world_size, visible_gpus())
         return run_local(spec, self._reserve_port)
 
 
@@ -88,7 +89,14 @@ def check_local_gpus(world_size: int, num_gpus: int) -> None:
         )
 
 
-def _visible_gpus() -> int:
+def local_resources() -> Mapping[str, float]:
+    """What experiments run on without Ray: this machine's cores and GPUs."""
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(visible_gpus())}
+
+
+@lru_cache(maxsize=1)
+def visible_gpus() -> int:
+    """The GPUs this process sees (CUDA's count is fixed once CUDA starts)."""
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 import autotune
+from autotune.runner.local import local_resources
 from autotune.service import knowledge
 from autotune.service.queue import FINISHED, Job, JobQueue
 from autotune.service.requests import (
@@ -32,7 +33,6 @@ from autotune.service.requests import (
     tuning_job,
 )
 from autotune.service.scheduler import LOG_NAME, job_environment
-from autotune.service.server import local_resources
 from autotune.service.settings import ServiceSettings, is_loopback, token_matches
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ import socket
 import sqlite3
 import sys
 from collections.abc import Callable, Mapping
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from autotune.runner.local import local_resources
 from autotune.service.queue import JobQueue, create_private
 from autotune.service.settings import (
     STUDIES_NAME,
@@ -93,18 +93,6 @@ def withdraw_secrets(settings: ServiceSettings) -> None:
     for name in [name for name in os.environ if name not in kept]:
         del os.environ[name]
     lend_password(settings.storage_url)
-
-
-def local_resources() -> Mapping[str, float]:
-    """What jobs run on without Ray: this machine's cores and GPUs."""
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(_local_gpus())}
-
-
-@lru_cache(maxsize=1)
-def _local_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def open_storage(settings: ServiceSettings) -> optuna.storages.BaseStorage:

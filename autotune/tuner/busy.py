@@ -12,7 +12,6 @@ from autotune.tuner.history import History
 if TYPE_CHECKING:
     from autotune.tuner.budget import TimeBudget
     from autotune.tuner.record import QuietWait
-    from autotune.tuner.remeasure import Remeasurement
 
 # Measurements in a row taken while other processes competed for the cores that say the
 # machine is busy now (a neighbour's job, not a passing burst): measuring again to find the
@@ -52,7 +51,7 @@ def busy(history: History, quiet_at: int | None) -> bool:
 
 
 def quiet_wait_s(
-    remeasure: Remeasurement,
+    remeasured_when_quiet: bool,
     budget: TimeBudget,
     waits: Sequence[QuietWait],
     busy_before_start: bool | None,
@@ -61,8 +60,9 @@ def quiet_wait_s(
     None: nothing to wait for. A share of the run so far (all waits together), larger where
     the node was quiet before the run began (:data:`ARRIVED_WAIT_SHARE`: a neighbour that came
     during the run is likely passing), within the time budget; not again once a wait ended
-    with the machine still busy (``waits``: the run's so far)."""
-    if any(not wait.quiet for wait in waits) or not remeasure.waits_for_quiet():
+    with the machine still busy (``waits``: the run's so far). ``remeasured_when_quiet``:
+    whether measuring again on a quiet machine is what the answer waits for."""
+    if any(not wait.quiet for wait in waits) or not remeasured_when_quiet:
         return None
     share = QUIET_WAIT_SHARE if busy_before_start is not False else ARRIVED_WAIT_SHARE
     seconds = share * budget.elapsed_s - sum(wait.waited_s for wait in waits)

@@ -1,5 +1,6 @@
-"""What a search hands the driver (a :class:`Decision`), and what the driver hands a runner:
-a :class:`Candidate` to run, proposed in a :class:`Phase`."""
+"""What a search hands the driver (a :class:`Decision`), the driver's next :class:`Step` by the
+stopping rules, and what the driver hands a runner: a :class:`Candidate` to run, proposed in a
+:class:`Phase`."""
 
 from __future__ import annotations
 
@@ -105,3 +106,28 @@ class Decision:
     @classmethod
     def propose(cls, entry: Entry, name: str, phase: Phase) -> Decision:
         return cls(DecisionKind.propose, phase, name, entry)
+
+
+class StepKind(str, enum.Enum):
+    """What the driver does next (:class:`Step`)."""
+
+    run = "run"  # run ``Step.name``: a search's proposal, or a re-measurement
+    ask = "ask"  # ask the study's own sampler (one the user passed)
+    wait = "wait"  # for a result in flight
+    quiet = "quiet"  # for a busy machine to quiet down, ``Step.wait_s`` at most
+    end_search = "end_search"  # the search is over (``Step.stop``; ``Step.left``: not run)
+    end_run = "end_run"  # the run is over
+
+
+@dataclass(frozen=True)
+class Step:
+    """The driver's next step, as :class:`Stopping` decides it."""
+
+    kind: StepKind
+    phase: Phase
+    name: str | None = None
+    entry: Entry | None = None
+    repeat_of: str | None = None
+    stop: StopReason | None = None
+    left: str | None = None
+    wait_s: float | None = None

@@ -23,6 +23,7 @@ from autotune.tuner.trials import (
     NOT_RUN_ATTR,
     PHASE_ATTR,
     PROPOSED_AS_ATTR,
+    SUPERSEDES_ATTR,
     REPEAT_OF_ATTR,
     experiments_of,
     result_attrs,
@@ -32,9 +33,9 @@ from autotune.tuner.trials import (
 if TYPE_CHECKING:
     import optuna
 
+    from autotune.tuner.candidate import Step
     from autotune.tuner.history import Experiment, History
     from autotune.tuner.search_space import SearchSpace
-    from autotune.tuner.stopping import Step
 
 # What a run records in its study beside the trials (the study's user attributes): why the
 # search ended (the samplers write it too, as they stop a study's optimize), why the run
@@ -244,6 +245,7 @@ def start(
     }
     if owed is not None:
         attrs[PROPOSED_AS_ATTR] = owed.number
+        attrs[SUPERSEDES_ATTR] = owed.trial_number
     if trial is None:
         queued = step.repeat_of is not None or owed is not None
         trial = ask(study, space.params(step.entry, history), attrs, queued)

@@ -83,7 +83,8 @@ class StudySampler(optuna.samplers.BaseSampler):
         self._poll_s = poll_s
         self._max_wait_s = max_wait_s
         self._lock = threading.RLock()
-        self._handed: dict[int, Entry] = {}  # trial number → the configuration handed to it
+        # Trial number → the configuration handed to it, and the phase that proposed it.
+        self._handed: dict[int, tuple[Entry, Phase]] = {}
         self._proposals: dict[int, dict[str, Any]] = {}  # trial number → its parameters
         self._last: tuple[tuple[Any, ...], Decision, SearchContext] | None = None
         self._fallback = optuna.samplers.RandomSampler(self.seed)
@@ -125,14 +126,15 @@ class StudySampler(optuna.samplers.BaseSampler):
         """What the study says of the run, each configuration handed to a trial of this
         process counted as running (its parameters may not be in the study yet)."""
         trials = study.get_trials(deepcopy=False) if trials is None else trials
-        handed = {number: entry for number, entry in self._handed.items()}
+        handed = dict(self._handed)
         experiments, told = experiments_of(
             [t for t in trials if t.number not in handed], self.space
         )
         running = {t.number for t in trials if t.number in handed and not t.state.is_finished()}
         for number in running:
-            entry = handed[number]
-            experiments.append(Experiment(self.space.name_of(entry), number, entry))
+            entry, phase = handed[number]
+            name = self.space.name_of(entry)
+            experiments.append(Experiment(name, number, entry, phase=phase.value))
         return History(experiments, told)
 
     # --- Optuna's side ------------------------------------------------------------------------
@@ -203,7 +205,7 @@ class StudySampler(optuna.samplers.BaseSampler):
                 decision = self.decide(self.history(study, trials))
                 if decision.kind is DecisionKind.propose:
                     assert decision.entry is not None
-                    self._handed[trial.number] = decision.entry
+                    self._handed[trial.number] = (decision.entry, decision.phase)
                     return decision.entry
             if decision.kind is DecisionKind.end:
                 _stop(study, decision)
@@ -238,7 +240,7 @@ class ModelBasedSampler(StudySampler):
         >>> study = optuna.create_study(direction=space.direction,
         ...                             sampler=ModelBasedSampler(space, seed=0))
         >>> space.suggest(study.ask())  # no model's size given: the largest size first
-        {'zero_stage': 2, 'micro_batch_size': 1024}
+        {'zero_stage': 1, 'micro_batch_size': 1024}
     """
 
     def __init__(

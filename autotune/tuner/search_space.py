@@ -393,6 +393,6 @@ def _measured(history: History | None, space: SearchSpace) -> ModelInfo | None:
 
 
 def _profiled(config: Config, workload: str, args: Mapping[str, Any]) -> ModelInfo:
-    from autotune.job import TuningJob, workload_model_info
+    from autotune.profiling.model_info import profile_workload
 
-    return workload_model_info(TuningJob(config=config, workload=workload, workload_args=args))
+    return profile_workload(config, workload, args)

@@ -19,10 +19,8 @@ The rules, each with the reason it gives (:class:`~autotune.tuner.reasons.StopKi
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Container
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.config import AutotuningConfig, Metric
@@ -30,8 +28,8 @@ from autotune.experiment import Status
 from autotune.tuner.bounds import Bounds
 from autotune.tuner.budget import RunClock, TimeBudget
 from autotune.tuner.busy import quiet_at, quiet_wait_s
-from autotune.tuner.candidate import Decision, DecisionKind, Phase
-from autotune.tuner.history import Entry, Experiment, History
+from autotune.tuner.candidate import Decision, DecisionKind, Phase, Step, StepKind
+from autotune.tuner.history import Experiment, History
 from autotune.tuner.ranking import TOLERANCE, score
 from autotune.tuner.reasons import StopKind, StopReason
 from autotune.tuner.remeasure import CONTROL_AT_END, Remeasurement
@@ -45,31 +43,6 @@ SAME_FAILURE_LIMIT = 3
 # What differs between two reports of one error: numbers (argparse echoes the value it
 # rejects), and the addresses and ids a runtime prints (Ray's actor ids, 0x... addresses).
 _VARYING = re.compile(r"0x[0-9a-fA-F]+|\b[0-9a-fA-F]{8,}\b|\d+")
-
-
-class StepKind(str, enum.Enum):
-    """What the driver does next (:class:`Step`)."""
-
-    run = "run"  # run ``Step.name``: a search's proposal, or a re-measurement
-    ask = "ask"  # ask the study's own sampler (one the user passed)
-    wait = "wait"  # for a result in flight
-    quiet = "quiet"  # for a busy machine to quiet down, ``Step.wait_s`` at most
-    end_search = "end_search"  # the search is over (``Step.stop``; ``Step.left``: not run)
-    end_run = "end_run"  # the run is over
-
-
-@dataclass(frozen=True)
-class Step:
-    """The driver's next step, as :class:`Stopping` decides it."""
-
-    kind: StepKind
-    phase: Phase
-    name: str | None = None
-    entry: Entry | None = None
-    repeat_of: str | None = None
-    stop: StopReason | None = None
-    left: str | None = None
-    wait_s: float | None = None
 
 
 class Stopping:
@@ -182,7 +155,9 @@ class Stopping:
             return Step(StepKind.end_run, phase, stop=stop)
         name = remeasure.next()
         if name is None:
-            wait_s = quiet_wait_s(remeasure, budget, run.waits, self._busy_before_start)
+            wait_s = quiet_wait_s(
+                remeasure.waits_for_quiet(), budget, run.waits, self._busy_before_start
+            )
             if wait_s is not None:
                 return Step(StepKind.quiet, phase, wait_s=wait_s)
             return Step(StepKind.end_run, phase)

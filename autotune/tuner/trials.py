@@ -42,8 +42,10 @@ NOT_RUN_ATTR = "not_run"
 REPEAT_OF_ATTR = "repeat_of"
 DS_CONFIG_ATTR = "ds_config"
 # A trial that runs again what a killed run left running takes that trial's place in the
-# order experiments were proposed: its number (the old trial is then left out).
+# order experiments were proposed (its experiment's number), and names the trial it
+# supersedes (that trial's number; the old trial is then left out).
 PROPOSED_AS_ATTR = "proposed_as"
+SUPERSEDES_ATTR = "supersedes"
 # Set on a trial a killed run left queued, which nothing will run.
 ABANDONED_ATTR = "abandoned"
 # The result's own fields, each a user attribute (ExperimentResult.to_dict's keys).
@@ -130,7 +132,7 @@ def experiments_of(
     ``name``), a trial of a plain Optuna study is named by its parameters (one with the same
     parameters as an earlier one measures it again). Left out: trials still waiting, a
     suggestion that was no configuration (:data:`NOT_RUN_ATTR`), one a killed run left that a
-    later trial runs again (:data:`PROPOSED_AS_ATTR`) or that nothing will
+    later trial runs again (:data:`SUPERSEDES_ATTR`) or that nothing will
     (:data:`ABANDONED_ATTR`).
     """
     from optuna.trial import TrialState
@@ -138,7 +140,7 @@ def experiments_of(
     from autotune.tuner.history import Experiment
 
     trials = sorted(trials, key=lambda t: t.number)
-    superseded = {t.user_attrs.get(PROPOSED_AS_ATTR) for t in trials}
+    superseded = {t.user_attrs.get(SUPERSEDES_ATTR) for t in trials}
     experiments: list[Experiment] = []
     metric = space.config.autotuning.metric
     steps: dict[str, tuple[int, float]] = {}  # configuration → its global batch, FLOPs a rank

@@ -21,7 +21,7 @@ from autotune.config import Config
 from autotune.experiment import ExperimentResult
 from autotune.tuner import record
 from autotune.tuner.budget import RunClock
-from autotune.tuner.candidate import Candidate, Decision, Phase
+from autotune.tuner.candidate import Candidate, Decision, Phase, Step, StepKind
 from autotune.tuner.history import Experiment, History
 from autotune.tuner.pruner import LoserPruner
 from autotune.tuner.reasons import StopReason
@@ -30,7 +30,7 @@ from autotune.tuner.samplers import ModelBasedSampler, StudySampler, make_sample
 from autotune.tuner.search import SamplerSearch, Search, SearchContext
 from autotune.tuner.search.sampler import ask_sampler
 from autotune.tuner.search_space import SearchSpace
-from autotune.tuner.stopping import Step, StepKind, Stopping
+from autotune.tuner.stopping import Stopping
 from autotune.tuner.summary import TuningSummary, summarize
 from autotune.tuner.trials import new_study
 

@@ -8,7 +8,8 @@ import torch
 
 import autotune
 from autotune.config import load_config
-from autotune.job import TuningJob, workload_model_info
+from autotune.job import TuningJob
+from autotune.profiling.model_info import profile_workload
 from autotune.tuner.memory import estimate_memory
 from autotune.workloads import resolve_workload
 
@@ -24,7 +25,7 @@ def test_on_cpu_the_estimate_is_the_engines_accounted_peak(stage: int) -> None:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
     }
     job = TuningJob(load_config(config, 1), "gpt", SMALL)
-    info = workload_model_info(job)
+    info = profile_workload(job.config, job.workload, job.workload_args)
     # The accounting counts what backward saves, not its gradients in flight: neither does
     # the estimate here (measured at 0.02% at stages 0-2 and 2% over at stage 3).
     assert info.backward_bytes_per_sample == 0
@@ -43,6 +44,6 @@ def test_on_cpu_the_estimate_is_the_engines_accounted_peak(stage: int) -> None:
 def test_with_cuda_the_estimate_counts_backwards_gradients_in_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("autotune.job._has_cuda", lambda: True)
-    info = workload_model_info(TuningJob(load_config({}, 1), "gpt", SMALL))
+    monkeypatch.setattr("autotune.profiling.model_info._has_cuda", lambda: True)
+    info = profile_workload(load_config({}, 1), "gpt", SMALL)
     assert info.backward_bytes_per_sample > 0

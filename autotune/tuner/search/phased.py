@@ -39,13 +39,15 @@ class PhasedSearch(Search):
             sampled = self._begin(phase, context)
             points = tuple(sampled.points) if sampled is not None else ()
             name = self._next(phase, context, sampled)
-            if name is not None or context.history.pending:
+            if name is not None or _in_flight(phase, context):
                 trace.current = (phase, points)
                 if name is None:
                     return Decision(DecisionKind.wait, phase)
                 return Decision.propose(context.history.entries[name], name, phase)
             patience = sampled.points if sampled is not None else None
             trace.end(phase, points, context.stopping.phase_end(phase, patience))
+        if context.history.pending:  # a result in flight may still bring a new best
+            return Decision(DecisionKind.wait, self.phases[-1])
         return Decision(DecisionKind.end, self.phases[-1], stop=trace.stopped())
 
     def _begin(self, phase: Phase, context: SearchContext) -> PhaseSearch | None:
@@ -72,6 +74,13 @@ class PhasedSearch(Search):
         if context.stopping.patience_spent(phase, sampled.points):
             return None  # until a result in flight brings a new best, if one does
         return sampled.ask(context.catalog.is_open)
+
+
+def _in_flight(phase: Phase, context: SearchContext) -> bool:
+    """Whether an experiment of ``phase`` is in flight (one whose phase the trial does not
+    record counts too): the phase is not over until it is in. One of a later phase does not
+    hold it (the next phase's sizes run beside the last of this one's, as slots free up)."""
+    return any(e.phase in (phase.value, None) for e in context.history.pending.values())
 
 
 def _micro_batch_subspaces(context: SearchContext) -> tuple[list[Subspace], dict[Point, str]]:
