@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from optuna.study import Study
     from optuna.trial import FrozenTrial, TrialState
 
+    from autotune.tuner.candidate import Phase
     from autotune.tuner.history import Entry
     from autotune.tuner.search_space import SearchSpace
     from autotune.tuner.warm_start import WarmStart
