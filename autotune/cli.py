@@ -458,6 +458,8 @@ def plan(
         planned = make_plan(request)
     except (ConfigError, WorkloadError) as err:
         raise fail(str(err)) from None
+    if planned.unused_fit:
+        typer.echo(f"warning: {planned.unused_fit}", err=True)
     if format is PlanFormat.json:
         rows = planned.rows[:top] if top else planned.rows
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))
