@@ -375,7 +375,8 @@ def format_summary(
     else:
         best = summary.best
         shown = summary.metric.display(best.value)
-        lines.append(f"best: {best.name}  {metric} {shown} (spread {best.spread:.0%})")
+        runs = f"spread {best.spread:.0%}" if best.num_measurements > 1 else "measured once"
+        lines.append(f"best: {best.name}  {metric} {shown} ({runs})")
         lines += notes(summary)
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")
