@@ -144,25 +144,38 @@ class ResultsDir:
             ResultsDirError: the path is a file, or the directory holds a different job.
             ResultsLockedError: another live run holds it.
         """
+        cls.check_path(path)
         results = cls(path)
-        if results.path.exists() and not results.path.is_dir():
-            raise ResultsDirError(f"results directory {path} is a file, not a directory")
         if not results.path.exists():
-            ancestor = next(p for p in results.path.absolute().parents if p.exists())
-            if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-                raise ResultsDirError(
-                    f"cannot create results directory {path}: {ancestor} is not a writable "
-                    "directory"
-                )
             return
-        if not _writable(results.path):
-            raise ResultsDirError(f"results directory {path} is not writable")
         results._lock.acquire()
         try:
             if not overwrite:
                 results._refuse_another_job(dict(fingerprint))
         finally:
             results._lock.release()
+
+    @staticmethod
+    def check_path(path: str | Path) -> None:
+        """Raise where ``path`` cannot hold a results directory (a file; not writable, or not
+        creatable), reading nothing in it: what a run refuses in a moment, before it builds
+        its workload or starts anything.
+
+        Raises:
+            ResultsDirError: it cannot.
+        """
+        folder = Path(path)
+        if folder.exists() and not folder.is_dir():
+            raise ResultsDirError(f"results directory {path} is a file, not a directory")
+        if not folder.exists():
+            ancestor = next(p for p in folder.absolute().parents if p.exists())
+            if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+                raise ResultsDirError(
+                    f"cannot create results directory {path}: {ancestor} is not a writable "
+                    "directory"
+                )
+        elif not _writable(folder):
+            raise ResultsDirError(f"results directory {path} is not writable")
 
     def _prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
         if overwrite:
