@@ -260,11 +260,9 @@ def run(
     from autotune.profiling.interference import sample_cpu
 
     started_cpu = sample_cpu()  # was a neighbour busy before the first experiment?
-    from rich.console import Console
-
     from autotune.api import RunRequest, load_job
     from autotune.api import run as run_request
-    from autotune.display import Progress, print_report
+    from autotune.display import Progress, output_console, print_line, print_report
     from autotune.summary_text import stopped_line
 
     request = RunRequest(
@@ -283,14 +281,13 @@ def run(
     )
     with _bad_input_exits(request, _job_errors):
         job = load_job(request)  # a bad config fails here, in a fraction of a second
-    console = Console(stderr=False)
+    console = output_console()  # off a terminal, no line broken at 80 columns
 
     def header(job: TuningJob) -> None:
-        console.print(
+        print_line(
+            console,
             f"autotune: tuning {job.label} at world size {job.world_size} by "
             f"{job.config.autotuning.metric.value}; results in {job.results_path}",
-            highlight=False,
-            markup=False,
         )
 
     start = functools.partial(_make_runner, runner, ray_address, gpus_per_rank)

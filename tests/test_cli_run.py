@@ -84,9 +84,12 @@ def run_args(config: Path, results: Path, *extra: str) -> list[str]:
 
 
 def test_run_report_best_and_resume(tmp_path: Path) -> None:
-    config, results = write_config(tmp_path), tmp_path / "results"
+    config, results = write_config(tmp_path), tmp_path / "results-in-a-folder-named-at-length"
     first = runner.invoke(app, run_args(config, results))
     assert first.exit_code == 0, first.output
+    # Off a terminal no line is broken, however long (docs/cli.md).
+    header = f"autotune: tuning gpt at world size 2 by throughput; results in {results}"
+    assert len(header) > 80 and first.stdout.splitlines()[0] == header
     assert "optimal config:" in first.stdout
     frame = load_results(results)
     assert set(frame["status"]) == {"ok"} and len(frame) >= 4
