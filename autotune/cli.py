@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 from autotune.cli_results import register as register_results_commands
 from autotune.cli_service import register as register_service_commands
 from autotune.config import ConfigError, EngineName, Metric, TunerType
+from autotune.config.sizes import split_size_error
 from autotune.defaults import (
     DEFAULT_CPUS_PER_RANK,
     DEFAULT_WORKLOAD,
@@ -260,6 +261,8 @@ def run(
     from autotune.profiling.interference import sample_cpu
 
     started_cpu = sample_cpu()  # was a neighbour busy before the first experiment?
+    if split := split_size_error("--device-memory", device_memory, script):
+        raise fail(split)
     from autotune.api import RunRequest, load_job
     from autotune.api import run as run_request
     from autotune.display import Progress, output_console, print_line, print_report

@@ -153,10 +153,13 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
         """Submit a tuning job to an autotune service (run's flags), print {id, status,
         cached}; with --wait, follow it and print how it ended (exit 1 unless it succeeded)."""
         from autotune.api import read_config
+        from autotune.config.sizes import split_size_error
         from autotune.service.client import Client, ClientError
         from autotune.service.settings import SettingsError, read_token
         from autotune.workloads.args import WorkloadError, parse_workload_args
 
+        if split := split_size_error("--device-memory", device_memory, script):
+            raise fail(split)
         try:
             job: dict[str, Any] = {
                 "config": read_config(config) if config is not None else None,

@@ -131,6 +131,14 @@ def test_run_exits_1_naming_the_error_when_every_experiment_fails_alike(
         (["rn"], "error: no such command 'rn'. Did you mean 'run'? (see autotune --help)"),
         # Checked before torchrun starts, not a traceback from each rank and torchrun.
         (["exec", "-n", "2", "--", "nosuch.py"], "error: script 'nosuch.py' does not exist"),
+        # A size the shell split in two: the unit is not a script to tune.
+        *(
+            (
+                [command, *server, "--device-memory", "16", "GB"],
+                "error: --device-memory 16 GB: a size is one word, 16GB (or quoted: '16 GB')",
+            )
+            for command, server in (("run", []), ("submit", ["--server", "http://127.0.0.1:9"]))
+        ),
     ],
 )
 def test_a_bad_flag_value_or_command_is_one_line_naming_it(args: list[str], line: str) -> None:

@@ -203,6 +203,7 @@ BAD_INPUT = {
     "workload module": (["--workload", "no_such_module_xyz:build"], "no_such_module_xyz"),
     "workload": (["--workload", "nonsense"], "nonsense"),
     "size": (["--device-memory", "lots"], "--device-memory"),
+    "size in two words": (["--device-memory", "16", "GB"], "--device-memory 16 GB: a size is one"),
     "workload arg": (["--workload-arg", "novalue"], "expected key=value"),
     "budget": (["--time-budget", "0"], "autotuning.time_budget_s: input should be greater than 0"),
 }
