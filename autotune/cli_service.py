@@ -154,7 +154,7 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
         cached}; with --wait, follow it and print how it ended (exit 1 unless it succeeded)."""
         from autotune.api import read_config
         from autotune.config.sizes import split_size_error
-        from autotune.service.client import Client, ClientError
+        from autotune.service.client import Client, ClientError, progress_line
         from autotune.service.settings import SettingsError, read_token
         from autotune.workloads.args import WorkloadError, parse_workload_args
 
@@ -194,7 +194,7 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
                 return
 
             def progress(view: dict[str, Any]) -> None:
-                typer.echo(f"{view['status']}: {view['experiments']} experiment(s)", err=True)
+                typer.echo(progress_line(view), err=True)
 
             final = client.wait(answer["id"], progress)
         except (ConfigError, WorkloadError, SettingsError, ClientError) as err:
