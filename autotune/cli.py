@@ -311,16 +311,29 @@ def run(
                     max_concurrent=max_concurrent,
                 )
         except KeyboardInterrupt:
-            typer.echo(
-                f"interrupted: finished experiments are kept in {job.results_path}; "
-                "run the same command to resume",
-                err=True,
-            )
+            typer.echo(interrupted_line(job.results_path), err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
     if report.summary.best is None:
         # Nothing to train with: a script or pipeline calling autotune must see that.
         typer.echo(f"error: no experiment ran ok; {stopped_line(report.summary)}", err=True)
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
+
+
+def interrupted_line(results_path: Path) -> str:
+    """What an interrupted run leaves, in words: the experiments kept in its results
+    directory, or, interrupted before it made one, nothing."""
+    from autotune.results import ResultsDir
+
+    results = ResultsDir(results_path)
+    if not results.is_results_dir():
+        return "interrupted before the first experiment: nothing was written"
+    from autotune.summary_text import counted
+
+    try:
+        kept = f"{counted(len(results.finished_names()), 'finished experiment')} kept"
+    except Exception:  # an unreadable record: say what is sure
+        kept = "the results are kept"
+    return f"interrupted: {kept} in {results_path}; run the same command to resume"
 
 
 # The run flags that set a key of the config's autotuning section: the one table both for

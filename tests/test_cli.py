@@ -189,3 +189,19 @@ def test_report_and_best_default_to_the_directory_run_defaults_to(
     # The example config tunes into the same directory.
     example = Path(__file__).parents[1] / "configs" / "autotune_gpt.json"
     assert json.loads(example.read_text())["autotuning"]["results_dir"] == "autotuning_results"
+
+
+def test_an_interrupted_run_says_what_it_kept_and_where(tmp_path: Path) -> None:
+    from autotune.cli import interrupted_line
+    from autotune.results import ResultsDir
+
+    results = tmp_path / "results"
+    # Before the run made its directory: no folder to name.
+    assert (
+        interrupted_line(results) == "interrupted before the first experiment: nothing was written"
+    )
+    with ResultsDir.open(results, {"tuned": {"workload": "gpt"}}):
+        pass
+    assert interrupted_line(results) == (
+        f"interrupted: 0 finished experiments kept in {results}; run the same command to resume"
+    )
