@@ -107,6 +107,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's plain help: rich's tables cut a long flag at 80 columns (--start-profile-…);
+    # plain help wraps the description instead, every flag whole.
+    rich_markup_mode=None,
     cls=_OneLineUsageErrors,
 )
 

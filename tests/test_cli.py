@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,18 @@ def test_an_interrupted_run_says_what_it_kept_and_where(tmp_path: Path) -> None:
     assert interrupted_line(results) == (
         f"interrupted: 0 finished experiments kept in {results}; run the same command to resume"
     )
+
+
+def test_help_at_80_columns_shows_every_flag_whole() -> None:
+    import typer
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        flags = re.findall(r"--[a-z][a-z-]*", result.stdout)
+        assert "…" not in result.stdout, result.stdout
+        for param in command.params:
+            for flag in [*param.opts, *param.secondary_opts]:
+                if flag.startswith("--"):
+                    assert flag in flags, f"{name} --help at 80 columns: {flag} not whole"
