@@ -273,9 +273,9 @@ def notes(summary: TuningSummary) -> list[str]:
         lines.append(
             f"note: the profile window of {which} lasted {seconds[0]:.2f}-{seconds[-1]:.2f}"
             " s (median over its runs), too short to rank on (one busy millisecond is a "
-            f"large share of it): {how} to separate {them} from the rest. Lengthen it: about "
-            f"{wanted} steps between start_profile_step and end_profile_step (the script "
-            "must run that many)"
+            f"large share of it): {how} to separate {them} from the rest. Lengthen it to "
+            f"about {wanted} steps: raise --end-profile-step (autotuning.end_profile_step) by "
+            f"{max(1, wanted - summary.window_steps)} (a tuned script must run that many more)"
         )
     if summary.disturbed_only:
         lines.append(
