@@ -294,7 +294,7 @@ def split_key(key: str) -> tuple[ScriptShape, dict[str, Any]]:
 def tune_rounds(args: argparse.Namespace, work: Path) -> tuple[list[dict[str, Any]], float]:
     """Both tools, every shape and mode, ``args.rounds`` rounds; the runs, and the seconds
     DeepSpeed's ops took to build for the warm mode."""
-    warm_ops = work / "ops-warm"
+    warm_ops = args.warm_ops or work / "ops-warm"
     build_s = build_ops(warm_ops, args.world_size) if "warm" in args.modes else 0.0
     runs = []
     for round_index in range(args.rounds):
@@ -441,6 +441,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="warm, fresh or both")
     parser.add_argument(
         "--shapes", default=",".join(SHAPES), help=f"script shapes: {', '.join(SHAPES)}"
+    )
+    parser.add_argument(
+        "--warm-ops",
+        type=Path,
+        help="the warm runs' TORCH_EXTENSIONS_DIR, its ops built already (default: a new "
+        "folder, built before the first round)",
     )
     parser.add_argument("--max-train-batch-size", type=int, default=64)
     parser.add_argument("--num-samples", type=int, default=2048)
