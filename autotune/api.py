@@ -116,17 +116,22 @@ def make_job(request: RunRequest) -> TuningJob:
 
 
 def load_job(request: RunRequest) -> TuningJob:
-    """The job ``request`` asks for, its config loaded and checked but nothing else (a fraction
-    of a second: no torch, unless workload arguments are given as ``key=value`` strings);
-    :func:`autotune.job.check_job` checks the rest.
+    """The job ``request`` asks for, its config loaded and checked, and what else is refused in
+    a moment (a fraction of a second: no torch, unless workload arguments are given as
+    ``key=value`` strings): a results path that cannot hold results, a user workload's package
+    that is nowhere; :func:`autotune.job.check_job` checks the rest.
 
     Raises:
         ScriptError: the script cannot be found, or names no config and none is given.
         ConfigError: the config, an override or the device memory breaks a rule; named by
             where it came from (see :func:`attributed`).
+        WorkloadError: the workload's package cannot be found.
+        ResultsDirError: the results path is a file, or not writable.
     """
     from autotune.job import TuningJob
+    from autotune.results import ResultsDir
     from autotune.script_target import ScriptTarget
+    from autotune.workloads.args import check_workload_package
 
     # The script first: its arguments (or its launch) may name the config and the world size.
     options = request.options
@@ -155,6 +160,9 @@ def load_job(request: RunRequest) -> TuningJob:
         started_s=request.started_s,
         started_cpu=request.started_cpu,
     )
+    if target is None:
+        check_workload_package(job.workload)
+    ResultsDir.check_path(job.results_path)
     return job
 
 

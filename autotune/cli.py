@@ -22,6 +22,7 @@ from autotune.cli_options import with_options
 from autotune.cli_results import register as register_results_commands
 from autotune.cli_service import register as register_service_commands
 from autotune.config import ConfigError
+from autotune.config.sizes import split_size_error
 from autotune.defaults import DEFAULT_WORLD_SIZE
 from autotune.run_options import RunOptions
 
@@ -104,6 +105,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's plain help: rich's tables cut a long flag at 80 columns (--start-profile-…);
+    # plain help wraps the description instead, every flag whole.
+    rich_markup_mode=None,
     cls=_OneLineUsageErrors,
 )
 
@@ -189,11 +193,11 @@ def run(
     from autotune.profiling.interference import sample_cpu
 
     started_cpu = sample_cpu()  # was a neighbour busy before the first experiment?
-    from rich.console import Console
-
+    if split := split_size_error("--device-memory", options.device_memory, script):
+        raise fail(split)
     from autotune.api import RunRequest, load_job
     from autotune.api import run as run_request
-    from autotune.display import Progress, print_report
+    from autotune.display import Progress, output_console, print_line, print_report
     from autotune.summary_text import stopped_line
 
     request = RunRequest(
@@ -204,14 +208,13 @@ def run(
     )
     with _bad_input_exits(request, _job_errors):
         job = load_job(request)  # a bad config fails here, in a fraction of a second
-    console = Console(stderr=False)
+    console = output_console()  # off a terminal, no line broken at 80 columns
 
     def header(job: TuningJob) -> None:
-        console.print(
+        print_line(
+            console,
             f"autotune: tuning {job.label} at world size {job.world_size} by "
             f"{job.config.autotuning.metric.value}; results in {job.results_path}",
-            highlight=False,
-            markup=False,
         )
 
     start = functools.partial(_make_runner, runner, ray_address, options.gpus_per_rank)
@@ -227,16 +230,29 @@ def run(
                     request, start, on_event=progress, on_checked=header, on_report=finished
                 )
         except KeyboardInterrupt:
-            typer.echo(
-                f"interrupted: finished experiments are kept in {job.results_path}; "
-                "run the same command to resume",
-                err=True,
-            )
+            typer.echo(interrupted_line(job.results_path), err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
     if report.summary.best is None:
         # Nothing to train with: a script or pipeline calling autotune must see that.
         typer.echo(f"error: no experiment ran ok; {stopped_line(report.summary)}", err=True)
         raise typer.Exit(EXIT_NOTHING_RAN_OK)
+
+
+def interrupted_line(results_path: Path) -> str:
+    """What an interrupted run leaves, in words: the experiments kept in its results
+    directory, or, interrupted before it made one, nothing."""
+    from autotune.results import ResultsDir
+
+    results = ResultsDir(results_path)
+    if not results.is_results_dir():
+        return "interrupted before the first experiment: nothing was written"
+    from autotune.summary_text import counted
+
+    try:
+        kept = f"{counted(len(results.finished_names()), 'finished experiment')} kept"
+    except Exception:  # an unreadable record: say what is sure
+        kept = "the results are kept"
+    return f"interrupted: {kept} in {results_path}; run the same command to resume"
 
 
 # How run's errors name its inputs: by the flags that gave them.
@@ -352,6 +368,8 @@ def plan(
         planned = make_plan(request)
     except (ConfigError, WorkloadError) as err:
         raise fail(str(err)) from None
+    if planned.unused_fit:
+        typer.echo(f"warning: {planned.unused_fit}", err=True)
     if format is PlanFormat.json:
         rows = planned.rows[:top] if top else planned.rows
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2))

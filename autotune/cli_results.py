@@ -106,6 +106,14 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
             bool,
             typer.Option("--command", help="The command that trains the tuned script with it."),
         ] = False,
+        metric: Annotated[
+            Metric | None,
+            typer.Option(
+                case_sensitive=False,
+                help="The best by this metric, as the last run that ranked by it found "
+                "(default: the last run's metric).",
+            ),
+        ] = None,
     ) -> None:
         """Print the path of the best config found (ds_config_optimal.json), or with --command
         the command that trains the tuned script with it (cmd_optimal.txt)."""
@@ -114,13 +122,18 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
 
         results_dir = results_dir or default_results_dir()
         results = ResultsDir(results_dir)
-        path = results.optimal_path()
+        path = results.optimal_path(metric)
+        if path is None and metric is not None and results.optimal_path() is not None:
+            raise fail(
+                f"{results_dir}: no run there ranked by {metric.value} (run autotune run "
+                f"--metric {metric.value} on it: the experiments it measured are kept)"
+            )
         if path is None:
             raise fail(f"{results_dir} has no {OPTIMAL_NAME} (has a run finished there?)")
         if not command:
             typer.echo(str(path))
             return
-        text = results.optimal_command()
+        text = results.optimal_command(metric)
         if text is None:
             raise fail(
                 f"{results_dir} has no {COMMAND_NAME}: it tuned a workload, not a script (train "

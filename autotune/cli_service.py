@@ -155,9 +155,12 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
         """Submit a tuning job to an autotune service (run's flags), print {id, status,
         cached}; with --wait, follow it and print how it ended (exit 1 unless it succeeded)."""
         from autotune.api import read_config
-        from autotune.service.client import Client, ClientError
+        from autotune.config.sizes import split_size_error
+        from autotune.service.client import Client, ClientError, progress_line
         from autotune.service.settings import SettingsError, read_token
 
+        if split := split_size_error("--device-memory", options.device_memory, script):
+            raise fail(split)
         try:
             job: dict[str, Any] = {
                 **options.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
@@ -174,7 +177,7 @@ def register(app: typer.Typer, fail: Callable[[str], typer.Exit]) -> None:
                 return
 
             def progress(view: dict[str, Any]) -> None:
-                typer.echo(f"{view['status']}: {view['experiments']} experiment(s)", err=True)
+                typer.echo(progress_line(view), err=True)
 
             final = client.wait(answer["id"], progress)
         except (ConfigError, SettingsError, ClientError) as err:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from autotune.planning import Plan
     from autotune.tuner import TuningSummary
     from autotune.tuner.plan import PlannedConfig
+    from autotune.tuner.ranking import Ranked
     from autotune.tuner.reasons import NotRunReason, Unrun
     from autotune.tuning import TuningEvent, TuningReport
 
@@ -158,10 +159,16 @@ def ranked_table(summary: TuningSummary, top: int = 10) -> Table:
             ranked.name,
             metric.display(ranked.value),
             str(ranked.num_measurements),
-            f"{ranked.spread:.0%}",
+            _spread_text(ranked),
             format_size(ranked.peak_memory_bytes),
         )
     return table
+
+
+def _spread_text(ranked: Ranked) -> str:
+    """The spread over a configuration's runs, blank where it ran once (no spread to show:
+    ``0%`` would read as perfectly steady)."""
+    return f"{ranked.spread:.0%}" if ranked.num_measurements > 1 else ""
 
 
 # Names shown per reason a configuration did not run; summary.txt lists every one.

@@ -226,6 +226,8 @@ class Timings:
     startup_s: float = 0.0
     warmup_s: float = 0.0
     window_s: float = 0.0
+    # After the window: the metrics, the engine and process group torn down, memory released.
+    teardown_s: float = 0.0
     total_s: float = 0.0  # as seen by the runner, launch to verdict
 
     @property

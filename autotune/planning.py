@@ -74,6 +74,8 @@ class Plan:
             at it fits (memory did not end the sizes: the config did).
         cap_listed: whether the user listed the sizes (else the batch limits set the cap).
         origin: what came from a finished run (``--from``), in words; empty without one.
+        unused_fit: why the constants a run fitted were not used, in words: they were fitted
+            on other hardware than the plan's (a CPU run's on a GPU); empty where they were.
     """
 
     rows: list[PlannedConfig]
@@ -87,6 +89,7 @@ class Plan:
     micro_batch_cap: int | None = None
     cap_listed: bool = False
     origin: str = ""
+    unused_fit: str = ""
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,15 @@ def make_plan(request: PlanRequest) -> Plan:
     fitted = fitted or profiled
     run = tuned_run(request.from_dir) if request.from_dir is not None else None
     hardware = _hardware(request.hardware, fitted)
+    unused_fit = ""
+    if fitted is not None and fitted.prior.hardware != hardware.name:
+        # The constants are seconds and bytes per second of the device that measured them:
+        # a CPU rank's 0.02 TFLOPS would make an H100 a CPU. The datasheet's stand instead.
+        unused_fit = (
+            f"the constants {request.from_dir} fitted are {fitted.prior.hardware}'s, not "
+            f"{hardware.name}'s: planned with {hardware.name}'s datasheet instead"
+        )
+        fitted = None
     if run is not None and request.hardware is None and run.device_memory_bytes:
         # The run's budget is what fitted, there: a CPU rank's stands in for a GPU's memory.
         hardware = replace(hardware, memory_bytes=int(run.device_memory_bytes))
@@ -273,9 +285,10 @@ def make_plan(request: PlanRequest) -> Plan:
         sample=sample,
         micro_batch_cap=sizes[-1] if capped else None,
         cap_listed=listed,
-        origin=_origin_words(run, request)
+        origin=_origin_words(run, request, fitted is not None)
         if run is not None
         else (f"the constants fitted on it ({request.hardware})" if profiled else ""),
+        unused_fit=unused_fit,
     )
 
 
@@ -345,10 +358,11 @@ def _workload_words(workload: str, args: Mapping[str, Any]) -> str:
     return f"workload {workload}" + (f" ({given})" if given else "")
 
 
-def _origin_words(run: TunedRun, request: PlanRequest) -> str:
-    """What the plan took from the run, and what the request set instead."""
-    taken = ["the constants it fitted"]
-    if request.workload is not None and request.workload != run.workload:
+def _origin_words(run: TunedRun, request: PlanRequest, fitted: bool) -> str:
+    """What the plan took from the run, and what the request set instead (``fitted``: its
+    constants too)."""
+    taken = ["the constants it fitted"] if fitted else []
+    if fitted and request.workload is not None and request.workload != run.workload:
         taken[0] += f" to {run.workload or run.script}, not to {request.workload}"
     if request.workload is None:
         taken.append("its " + ("script's model" if run.workload is None else "workload"))
@@ -358,7 +372,7 @@ def _origin_words(run: TunedRun, request: PlanRequest) -> str:
         taken.append(f"its {run.world_size} ranks")
     if request.hardware is None and run.device_memory_bytes:
         taken.append(f"its memory budget of {format_size(run.device_memory_bytes)} per rank")
-    return f"from {run.path}: " + ", ".join(taken)
+    return f"from {run.path}: " + (", ".join(taken) or "nothing (every input given)")
 
 
 def _hardware(name: str | None, fitted: CostModel | None) -> Hardware:

@@ -280,9 +280,9 @@ def notes(summary: TuningSummary) -> list[str]:
         lines.append(
             f"note: the profile window of {which} lasted {seconds[0]:.2f}-{seconds[-1]:.2f}"
             " s (median over its runs), too short to rank on (one busy millisecond is a "
-            f"large share of it): {how} to separate {them} from the rest. Lengthen it: about "
-            f"{wanted} steps between start_profile_step and end_profile_step (the script "
-            "must run that many)"
+            f"large share of it): {how} to separate {them} from the rest. Lengthen it to "
+            f"about {wanted} steps: raise --end-profile-step (autotuning.end_profile_step) by "
+            f"{max(1, wanted - summary.window_steps)} (a tuned script must run that many more)"
         )
     if summary.disturbed_only:
         lines.append(
@@ -382,7 +382,8 @@ def format_summary(
     else:
         best = summary.best
         shown = summary.metric.display(best.value)
-        lines.append(f"best: {best.name}  {metric} {shown} (spread {best.spread:.0%})")
+        runs = f"spread {best.spread:.0%}" if best.num_measurements > 1 else "measured once"
+        lines.append(f"best: {best.name}  {metric} {shown} ({runs})")
         lines += notes(summary)
         if optimal_path is not None:
             lines.append(f"optimal config: {optimal_path}")

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Downloads into .whl/ the wheels experiments/gpu_check.sh needs on a GPU machine that has no
 # network but has Python 3.12, torch, pandas, pyarrow, rich, typer, pytest, pytest-timeout,
-# numpy, tqdm, PyYAML and MarkupSafe (the device tool's machines): pydantic and optuna with
-# what they need beyond that. Versions are this environment's, so both machines run the same.
+# numpy, tqdm, PyYAML and MarkupSafe: pydantic and optuna with what they need beyond that.
+# Versions are this environment's, so both machines run the same.
 #
 #   bash experiments/gpu_wheels.sh [--deepspeed]
 #
 # --deepspeed also builds a DeepSpeed wheel (pure Python; its CUDA ops are compiled on first
 # use there) and fetches hjson, which it needs, so the benchmark compares against it too.
-# Then carry .whl in the device call: run(command="bash experiments/gpu_check.sh",
-# carry=[".whl"]). The wheels must stay under the 64 MiB that a call carries.
+# Then copy .whl/ with the repository to the GPU machine and run bash experiments/gpu_check.sh
+# there. The wheels stay under 64 MiB, to copy easily.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.whl
@@ -49,8 +49,8 @@ size_mib=$(du -sm "$dest" | cut -f1)
 echo "wheels in $dest (${size_mib} MiB):"
 ls "$dest"
 if [ "$size_mib" -ge "$limit_mib" ]; then
-    echo "too large: a device call carries at most $limit_mib MiB" >&2
+    echo "too large: over $limit_mib MiB" >&2
     exit 1
 fi
 echo
-echo "carry them: run(command=\"bash experiments/gpu_check.sh\", carry=[\".whl\"])"
+echo "copy .whl/ with the repository to the GPU machine, then: bash experiments/gpu_check.sh"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,14 @@ def test_run_exits_1_naming_the_error_when_every_experiment_fails_alike(
         (["rn"], "error: no such command 'rn'. Did you mean 'run'? (see autotune --help)"),
         # Checked before torchrun starts, not a traceback from each rank and torchrun.
         (["exec", "-n", "2", "--", "nosuch.py"], "error: script 'nosuch.py' does not exist"),
+        # A size the shell split in two: the unit is not a script to tune.
+        *(
+            (
+                [command, *server, "--device-memory", "16", "GB"],
+                "error: --device-memory 16 GB: a size is one word, 16GB (or quoted: '16 GB')",
+            )
+            for command, server in (("run", []), ("submit", ["--server", "http://127.0.0.1:9"]))
+        ),
     ],
 )
 def test_a_bad_flag_value_or_command_is_one_line_naming_it(args: list[str], line: str) -> None:
@@ -183,3 +192,34 @@ def test_report_and_best_default_to_the_directory_run_defaults_to(
     # The example config tunes into the same directory.
     example = Path(__file__).parents[1] / "configs" / "autotune_gpt.json"
     assert json.loads(example.read_text())["autotuning"]["results_dir"] == "autotuning_results"
+
+
+def test_an_interrupted_run_says_what_it_kept_and_where(tmp_path: Path) -> None:
+    from autotune.cli import interrupted_line
+    from autotune.results import ResultsDir
+
+    results = tmp_path / "results"
+    # Before the run made its directory: no folder to name.
+    assert (
+        interrupted_line(results) == "interrupted before the first experiment: nothing was written"
+    )
+    with ResultsDir.open(results, {"tuned": {"workload": "gpt"}}):
+        pass
+    assert interrupted_line(results) == (
+        f"interrupted: 0 finished experiments kept in {results}; run the same command to resume"
+    )
+
+
+def test_help_at_80_columns_shows_every_flag_whole() -> None:
+    import typer
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        flags = re.findall(r"--[a-z][a-z-]*", result.stdout)
+        assert "…" not in result.stdout, result.stdout
+        for param in command.params:
+            for flag in [*param.opts, *param.secondary_opts]:
+                if flag.startswith("--"):
+                    assert flag in flags, f"{name} --help at 80 columns: {flag} not whole"

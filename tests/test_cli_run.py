@@ -84,9 +84,12 @@ def run_args(config: Path, results: Path, *extra: str) -> list[str]:
 
 
 def test_run_report_best_and_resume(tmp_path: Path) -> None:
-    config, results = write_config(tmp_path), tmp_path / "results"
+    config, results = write_config(tmp_path), tmp_path / "results-in-a-folder-named-at-length"
     first = runner.invoke(app, run_args(config, results))
     assert first.exit_code == 0, first.output
+    # Off a terminal no line is broken, however long (docs/cli.md).
+    header = f"autotune: tuning gpt at world size 2 by throughput; results in {results}"
+    assert len(header) > 80 and first.stdout.splitlines()[0] == header
     assert "optimal config:" in first.stdout
     frame = load_results(results)
     assert set(frame["status"]) == {"ok"} and len(frame) >= 4
@@ -203,6 +206,7 @@ BAD_INPUT = {
     "workload module": (["--workload", "no_such_module_xyz:build"], "no_such_module_xyz"),
     "workload": (["--workload", "nonsense"], "nonsense"),
     "size": (["--device-memory", "lots"], "--device-memory"),
+    "size in two words": (["--device-memory", "16", "GB"], "--device-memory 16 GB: a size is one"),
     "workload arg": (["--workload-arg", "novalue"], "expected key=value"),
     "budget": (["--time-budget", "0"], "--time-budget 0.0: input should be greater than 0"),
 }
@@ -253,31 +257,47 @@ def test_bad_input_exits_2_with_one_line(bad_input_seen: dict[str, list[Any]], c
     assert line.startswith("error: ") and BAD_INPUT[case][1] in line
 
 
-@pytest.mark.parametrize("problem", ["config key", "config file"])
-def test_a_bad_config_is_refused_before_ray_starts(tmp_path: Path, problem: str) -> None:
-    """The error comes alone on stderr, before anything starts Ray (it takes seconds)."""
+@pytest.mark.parametrize(
+    "problem", ["config key", "config file", "results dir is a file", "workload package"]
+)
+def test_a_bad_input_is_refused_before_ray_starts(tmp_path: Path, problem: str) -> None:
+    """The error comes alone on stderr, before anything starts Ray (it takes seconds) or
+    builds the workload."""
+    results = tmp_path / "r"
+    args = ["run", "--results-dir", str(results)]
     if problem == "config key":
-        args = ["run", "--time-budget", "0"]
-    else:
+        args += ["--time-budget", "0"]
+    elif problem == "config file":
         (tmp_path / "bad.json").write_text("{not json")
-        args = ["run", "-c", str(tmp_path / "bad.json")]
+        args += ["-c", str(tmp_path / "bad.json")]
+    elif problem == "results dir is a file":
+        results.write_text("mine")
+    else:
+        args += ["--workload", "no_such_module_xyz.models:build"]
     probe = (
         "import sys\nfrom autotune.cli import main\n"
-        f"sys.argv = ['autotune', *{args!r}, '--results-dir', {str(tmp_path / 'r')!r}]\n"
+        f"sys.argv = ['autotune', *{args!r}]\n"
         "try:\n    main()\nexcept SystemExit as exit_:\n"
         "    print('ray imported:', 'ray' in sys.modules, file=sys.stderr)\n"
+        "    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n"
         "    raise\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
-    error, imported = proc.stderr.strip().splitlines()
-    assert error.startswith("error: ") and imported == "ray imported: False", proc.stderr
-    assert not (tmp_path / "r").exists()
+    error, ray, torch = proc.stderr.strip().splitlines()
+    assert error.startswith("error: ") and ray == "ray imported: False", proc.stderr
+    assert torch == "torch imported: False", proc.stderr  # the workload was never built
+    if problem == "results dir is a file":
+        assert "is a file, not a directory" in error and results.read_text() == "mine"
+    else:
+        assert not results.exists()
+    if problem == "workload package":
+        assert "no_such_module_xyz" in error
 
 
-@pytest.mark.parametrize("problem", ["workload", "results dir is a file"])
+@pytest.mark.parametrize("problem", ["workload", "another job in the results dir"])
 def test_a_bad_job_found_while_ray_starts_is_one_line_and_leaves_no_ray(
     tmp_path: Path, problem: str
 ) -> None:
@@ -285,10 +305,13 @@ def test_a_bad_job_found_while_ray_starts_is_one_line_and_leaves_no_ray(
     stderr with exit 2, and the Ray it started is shut down, every process of it."""
     results = tmp_path / "results"
     args = ["run", "--results-dir", str(results)]
-    if problem == "workload":
-        args += ["--workload", "no_such_module_xyz:build"]
-    else:
-        results.write_text("mine")
+    if problem == "workload":  # found once it is built: its package is there
+        (tmp_path / "broken_workload.py").write_text("def build():\n    raise ValueError('no')\n")
+        args += ["--workload", "broken_workload:build"]
+    else:  # found once the job's fingerprint is known
+        results.mkdir()
+        (results / "fingerprint.json").write_text(json.dumps({"tuned": {"workload": "mlp"}}))
+        (results / "study.journal").write_text("")
     # Short: Ray puts unix sockets under it, and their paths are limited to ~100 characters.
     ray_dir = tempfile.mkdtemp(prefix="at-ray-", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": ray_dir}
@@ -301,6 +324,7 @@ def test_a_bad_job_found_while_ray_starts_is_one_line_and_leaves_no_ray(
             timeout=120,
             check=False,
             env=env,
+            cwd=tmp_path,
         )
         assert proc.returncode == 2 and proc.stdout == "", proc.stdout
         [error] = proc.stderr.splitlines()
@@ -313,7 +337,7 @@ def test_a_bad_job_found_while_ray_starts_is_one_line_and_leaves_no_ray(
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(ray_dir, ignore_errors=True)
     if problem != "workload":
-        assert results.read_text() == "mine"
+        assert json.loads((results / "fingerprint.json").read_text())["tuned"]["workload"] == "mlp"
 
 
 def test_unwritable_results_dir_exits_2(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from rich.console import Console
 from autotune.config import Metric
 from autotune.display import Progress, not_run_lines, print_report
 from autotune.experiment import ExperimentResult, ExperimentSpec, Metrics, Status
+from autotune.results import load_results
 from autotune.tuner import TuningSummary
 from autotune.tuner.candidate import Phase
 from autotune.tuner.reasons import NotRunKind, NotRunReason, Unrun
@@ -122,3 +123,34 @@ def test_a_report_line_is_never_broken_however_narrow_the_console(tmp_path: Path
     print_report(Console(file=out, width=40), replace(report, train_with=command))
     assert f"train with it: {command}" in out.getvalue().splitlines()
     assert f"optimal config: {report.optimal_config_path}" in out.getvalue().splitlines()
+
+
+def test_a_spread_is_shown_only_for_a_configuration_measured_more_than_once(
+    tmp_path: Path,
+) -> None:
+    report = tune(tuning_job(tmp_path), Measured())
+    out = io.StringIO()
+    print_report(Console(file=out, width=200), report)
+    cells = {
+        row[1]: row
+        for line in out.getvalue().splitlines()
+        if len(row := [cell.strip() for cell in line.strip("│ ").split("│")]) == 6
+    }
+    shown = report.summary.ranking[:10]
+    assert any(r.num_measurements == 1 for r in shown) and any(
+        r.num_measurements > 1 for r in shown
+    )
+    for ranked in shown:
+        runs, spread = cells[ranked.name][3], cells[ranked.name][4]
+        assert runs == str(ranked.num_measurements)
+        assert (spread == "") is (ranked.num_measurements == 1), cells[ranked.name]
+    best = report.summary.best
+    assert best is not None and best.num_measurements > 1  # the leader is measured again
+    summary = (report.results_dir / "summary.txt").read_text()
+    assert f"best: {best.name}  throughput " in summary
+    assert f"(spread {best.spread:.0%})" in summary
+    # load_results has no spread for one measurement either.
+    frame = load_results(report.results_dir, ranked_by=Metric.throughput).set_index("name")
+    for ranked in shown:
+        spread = frame.loc[ranked.name, "spread"]
+        assert bool(spread != spread) is (ranked.num_measurements == 1)  # NaN: none

@@ -46,6 +46,25 @@ def parse_size(value: str | int | float) -> int:
     return size
 
 
+def split_size_error(
+    flag: str, value: str | int | None, next_words: list[str] | None
+) -> str | None:
+    """What is wrong where the shell split a size in two (``--device-memory 16 GB``): the
+    unit arrives as a word of its own, which a command would take for its next argument (the
+    script to tune). None where nothing was split.
+
+    Example:
+        >>> split_size_error("--device-memory", "16", ["GB"])
+        "--device-memory 16 GB: a size is one word, 16GB (or quoted: '16 GB')"
+        >>> split_size_error("--device-memory", "16GB", ["train.py"]) is None
+        True
+    """
+    unit = next_words[0] if next_words else ""
+    if value is None or not unit or unit.lower() not in _UNITS:
+        return None
+    return f"{flag} {value} {unit}: a size is one word, {value}{unit} (or quoted: '{value} {unit}')"
+
+
 def format_size(num_bytes: float, decimals: int = 1) -> str:
     """``1536`` → ``"1.5 KiB"``: binary units, ``decimals`` decimals.
 

@@ -55,7 +55,8 @@ def load_results(
     configuration: ranked on such measurements alone, having no other), plus every tuned knob
     flattened under its dotted key (``zero_optimization.reduce_bucket_size``, ...); ranked by
     configuration, also ``runs`` (the measurements it ranks on: the undisturbed ones where it
-    has any), ``spread`` (over those, of the ranked metric) and ``disturbed_runs``.
+    has any), ``spread`` (over those, of the ranked metric; None for one measurement) and
+    ``disturbed_runs``.
 
     Raises:
         ResultsDirError: ``path`` is not a results directory.
@@ -104,7 +105,8 @@ def _configuration_rows(records: list[dict[str, Any]], metric: Metric) -> list[d
             {
                 **row,
                 "runs": ranked.num_measurements,
-                "spread": ranked.spread,
+                # Measured once, it has none: 0% would read as perfectly steady.
+                "spread": ranked.spread if ranked.num_measurements > 1 else None,
                 "disturbed_runs": ranked.num_disturbed,
             }
         )

@@ -45,6 +45,10 @@ COMMAND_NAME = "cmd_optimal.txt"  # DeepSpeed's autotuner's name for it
 SUMMARY_NAME = "summary.json"
 SUMMARY_TEXT_NAME = "summary.txt"
 EXPS_DIR = "exps"
+# Each metric's answer, as the last run that ranked by it left it:
+# optimal/<metric>/ds_config_optimal.json (and cmd_optimal.txt). A run by another metric
+# rewrites ds_config_optimal.json; this keeps every metric's.
+ANSWERS_DIR = "optimal"
 
 
 class ResultsDirError(ValueError):
@@ -145,25 +149,38 @@ class ResultsDir:
             ResultsDirError: the path is a file, or the directory holds a different job.
             ResultsLockedError: another live run holds it.
         """
+        cls.check_path(path)
         results = cls(path)
-        if results.path.exists() and not results.path.is_dir():
-            raise ResultsDirError(f"results directory {path} is a file, not a directory")
         if not results.path.exists():
-            ancestor = next(p for p in results.path.absolute().parents if p.exists())
-            if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-                raise ResultsDirError(
-                    f"cannot create results directory {path}: {ancestor} is not a writable "
-                    "directory"
-                )
             return
-        if not _writable(results.path):
-            raise ResultsDirError(f"results directory {path} is not writable")
         results._lock.acquire()
         try:
             if not overwrite:
                 results._refuse_another_job(dict(fingerprint))
         finally:
             results._lock.release()
+
+    @staticmethod
+    def check_path(path: str | Path) -> None:
+        """Raise where ``path`` cannot hold a results directory (a file; not writable, or not
+        creatable), reading nothing in it: what a run refuses in a moment, before it builds
+        its workload or starts anything.
+
+        Raises:
+            ResultsDirError: it cannot.
+        """
+        folder = Path(path)
+        if folder.exists() and not folder.is_dir():
+            raise ResultsDirError(f"results directory {path} is a file, not a directory")
+        if not folder.exists():
+            ancestor = next(p for p in folder.absolute().parents if p.exists())
+            if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+                raise ResultsDirError(
+                    f"cannot create results directory {path}: {ancestor} is not a writable "
+                    "directory"
+                )
+        elif not _writable(folder):
+            raise ResultsDirError(f"results directory {path} is not writable")
 
     def _prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
         if overwrite:
@@ -203,6 +220,7 @@ class ResultsDir:
         ):
             (self.path / name).unlink(missing_ok=True)
         shutil.rmtree(self.path / EXPS_DIR, ignore_errors=True)
+        shutil.rmtree(self.path / ANSWERS_DIR, ignore_errors=True)
 
     def close(self) -> None:
         self._lock.release()
@@ -318,10 +336,11 @@ class ResultsDir:
 
     # --- outputs -----------------------------------------------------------------------------
 
-    def optimal_path(self) -> Path | None:
-        """The best config a finished run wrote (``ds_config_optimal.json``), or None."""
-        path = self.path / OPTIMAL_NAME
-        return path if path.is_file() else None
+    def optimal_path(self, metric: Metric | None = None) -> Path | None:
+        """The best config the last finished run wrote (``ds_config_optimal.json``); with
+        ``metric``, the one the last run that ranked by it wrote. None where there is none."""
+        path = self._answer_path(OPTIMAL_NAME, metric)
+        return path if path is not None and path.is_file() else None
 
     def write_optimal(self, ds_config: Mapping[str, Any]) -> Path:
         path = self.path / OPTIMAL_NAME
@@ -334,16 +353,45 @@ class ResultsDir:
         atomic_write_text(path, command + "\n")
         return path
 
-    def optimal_command(self) -> str | None:
-        """The training command a finished script run wrote, or None."""
+    def optimal_command(self, metric: Metric | None = None) -> str | None:
+        """The training command the last finished script run wrote (with ``metric``: the
+        last that ranked by it), or None."""
+        path = self._answer_path(COMMAND_NAME, metric)
         try:
-            return (self.path / COMMAND_NAME).read_text(encoding="utf-8").strip()
+            return path.read_text(encoding="utf-8").strip() if path is not None else None
         except OSError:
             return None
 
+    def _answer_path(self, name: str, metric: Metric | None) -> Path | None:
+        """Where ``name`` of ``metric``'s answer is (None: the last run's, at the top)."""
+        if metric is None:
+            return self.path / name
+        kept = self.path / ANSWERS_DIR / metric.value / name
+        if kept.exists():
+            return kept
+        # A directory from before answers were kept by metric: its last run's is the only one.
+        return self.path / name if self.recorded_metric() is metric else None
+
     def write_summary(self, summary: Mapping[str, Any], text: str) -> None:
+        """Write the finished run's ``summary.json`` and ``summary.txt``, and keep its answer
+        under the metric it ranked by as well (see :data:`ANSWERS_DIR`)."""
         atomic_write_json(self.path / SUMMARY_NAME, dict(summary))
         atomic_write_text(self.path / SUMMARY_TEXT_NAME, text.rstrip() + "\n")
+        optimal = self.optimal_path()
+        if summary.get("optimal_config") is not None and optimal is not None:
+            self._keep_answer(Metric(summary["metric"]), optimal)
+
+    def _keep_answer(self, metric: Metric, optimal: Path) -> None:
+        folder = self.path / ANSWERS_DIR / metric.value
+        folder.mkdir(parents=True, exist_ok=True)
+        kept = folder / OPTIMAL_NAME
+        atomic_write_text(kept, optimal.read_text(encoding="utf-8"))
+        command = self.optimal_command()
+        (folder / COMMAND_NAME).unlink(missing_ok=True)
+        if command is not None:
+            # The same command, training with the kept copy, which no later run rewrites.
+            text = command.replace(str(optimal.resolve()), str(kept.resolve()))
+            atomic_write_text(folder / COMMAND_NAME, text + "\n")
 
 
 def _import_legacy_log(study: optuna.Study, records: list[dict[str, Any]], metric: Metric) -> None:

@@ -37,6 +37,10 @@ class RankOutcome:
     startup_s: float = 0.0
     warmup_s: float = 0.0
     window_s: float = 0.0
+    # From the window's end to the report: what follows the window (the metrics; a script's
+    # FLOP-counting step where the window began at step 1), the engine and process group torn
+    # down, memory released.
+    teardown_s: float = 0.0
     node_id: str = field(default_factory=lambda: os.uname().nodename)
     # Script mode: the optimizer steps the script took when it ended before the window did.
     ended_after_steps: int | None = None
@@ -232,7 +236,13 @@ def combine_outcomes(
         status=Status.ok,
         metrics=metrics,
         started_at=started_at,
-        timings=Timings(startup_s=lead.startup_s, warmup_s=lead.warmup_s, window_s=lead.window_s),
+        timings=Timings(
+            startup_s=lead.startup_s,
+            warmup_s=lead.warmup_s,
+            window_s=lead.window_s,
+            # Every rank's windows end together (a barrier); the experiment waits for the last.
+            teardown_s=max(o.teardown_s for o in ordered),
+        ),
         node_ids=node_ids,
         stopped_after_steps=lead.stopped_after_steps,
     )

@@ -72,6 +72,9 @@ def run_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
     finally:
         _teardown(dist)
         release_memory()
+    if outcome.status is Status.ok:
+        measured_s = outcome.startup_s + outcome.warmup_s + outcome.window_s
+        outcome.teardown_s = max(0.0, time.perf_counter() - started - measured_s)
     return outcome
 
 

@@ -12,8 +12,9 @@ ends the script's run by raising :class:`WindowDone` from inside ``engine.step()
 Everything the script may change in the process is put back afterwards (environment, argv,
 import path, working directory, stdout/stderr, logging handlers, the ``deepspeed`` alias);
 the script's ``__main__`` namespace is dropped, while modules it imported stay cached so the
-next experiment does not import them again. The caller (:func:`autotune.runner.rank.run_rank`)
-tears down the process group the script made.
+next experiment does not import them again; the worker processes of the script's data
+loaders are stopped as its run ends. The caller (:func:`autotune.runner.rank.run_rank`) tears
+down the process group the script made.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -367,6 +369,7 @@ def run_script(
         with (
             script_environment(spec, rank, init_method, device, launched),
             observer.measuring.observing(observer, spec),
+            loader_workers_stopped(),
         ):
             try:
                 _run(script, argv)
@@ -471,6 +474,39 @@ def script_environment(
             os.chdir(saved_cwd)
         for handler in [h for h in logging.root.handlers if h not in saved_handlers]:
             logging.root.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def loader_workers_stopped() -> Iterator[None]:
+    """On leaving the block, stop the worker processes of every data loader iterated inside.
+
+    A loader's iterator stops its workers when it is freed. A script ended inside its loop
+    (:class:`WindowDone`) leaves that to the garbage collector wherever the loader sits in a
+    reference cycle (DeepSpeed's engine holds the loader ``initialize(training_data=...)``
+    built, and the engine is in cycles): the collector first runs the finalizers that close
+    the iterator's queues, so the iterator's own stop can no longer tell its workers to exit,
+    and it waits torch's 5 s for each worker before killing it. Measured: 10 s after the
+    window of every experiment of a DeepSpeedExamples-shaped script on DeepSpeed (its loader
+    has two workers a rank). Stopped here, while the queues work, they exit at once.
+    """
+    from torch.utils.data import dataloader
+
+    iterator_class: Any = dataloader._MultiProcessingDataLoaderIter
+    iterated: weakref.WeakSet[Any] = weakref.WeakSet()
+    original_init = iterator_class.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        iterated.add(self)
+
+    iterator_class.__init__ = init
+    try:
+        yield
+    finally:
+        iterator_class.__init__ = original_init
+        for iterator in list(iterated):
+            with contextlib.suppress(Exception):  # already stopped, or broken: its own problem
+                iterator._shutdown_workers()
 
 
 @contextlib.contextmanager

@@ -69,6 +69,23 @@ class Client:
             raise ClientError(f"cannot reach {self.server}: {reason}") from None
 
 
+def progress_line(view: Mapping[str, Any]) -> str:
+    """How a followed job stands, in words: its status and experiments, or, for a job the
+    service answered with an earlier job's answer, which job that was.
+
+    Example:
+        >>> progress_line({"status": "running", "experiments": 3, "cached": False})
+        'running: 3 experiment(s)'
+        >>> progress_line({"status": "succeeded", "experiments": 0, "cached": True,
+        ...                "cached_from": "a1b2"})
+        "succeeded: answered with job a1b2's answer, no experiment run"
+    """
+    if view.get("cached"):
+        source = f"job {view['cached_from']}" if view.get("cached_from") else "an earlier job"
+        return f"{view['status']}: answered with {source}'s answer, no experiment run"
+    return f"{view['status']}: {view['experiments']} experiment(s)"
+
+
 def _detail(err: urllib.error.HTTPError) -> str:
     try:
         return str(json.loads(err.read())["detail"])

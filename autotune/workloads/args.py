@@ -4,9 +4,14 @@ it starts Ray, and importing torch then would hold Ray's start back by a second.
 from __future__ import annotations
 
 import difflib
+import importlib.machinery
 import json
+import os
+import sys
 from collections.abc import Iterable
 from typing import Any
+
+HF_PREFIX = "hf:"  # hf:<model_type>: a transformers architecture (autotune.workloads.hf)
 
 
 class WorkloadError(ValueError):
@@ -54,3 +59,32 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     """
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_workload_package(spec: str) -> None:
+    """Raise where ``spec`` names a user workload (``package.module:function``) whose
+    top-level package cannot be found, on the import path or in the working directory (where
+    the ranks look too), importing nothing: a mistyped name refused in a moment, before
+    anything starts. The rest of the spec is checked as the workload is built.
+
+    Example:
+        >>> check_workload_package("gpt"), check_workload_package("json.decoder:JSONDecoder")
+        (None, None)
+        >>> try:
+        ...     check_workload_package("no_such_package_xyz.models:build")
+        ... except WorkloadError as err:
+        ...     print(err)
+        workload 'no_such_package_xyz.models:build': cannot import module \
+'no_such_package_xyz.models' (ModuleNotFoundError: No module named 'no_such_package_xyz')
+    """
+    module, colon, _ = spec.partition(":")
+    if not colon or spec.startswith(HF_PREFIX) or not module:
+        return
+    package = module.split(".")[0]
+    if not package.isidentifier() or package in sys.modules:
+        return  # a malformed spec is the builder's to word; an imported one is there
+    if importlib.machinery.PathFinder.find_spec(package, [*sys.path, os.getcwd()]) is None:
+        raise WorkloadError(
+            f"workload {spec!r}: cannot import module {module!r} (ModuleNotFoundError: No "
+            f"module named {package!r})"
+        )

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.workloads.args import HF_PREFIX as HF_PREFIX  # its home: torch-free
 from autotune.workloads.args import WorkloadError, did_you_mean
 from autotune.workloads.base import Workload
 
-HF_PREFIX = "hf:"
 # Heads by preference: an encoder (bert) pre-trains as a masked LM, a decoder (gpt2, llama)
 # has no masked head and trains as a causal LM; anything else gets sequence classification.
 HEADS = ("masked_lm", "causal_lm", "sequence_classification")

@@ -67,3 +67,34 @@ def test_best_names_the_path_summary_txt_names(tmp_path: Path) -> None:
     tune(tuning_job(tmp_path), LuckyFirstRuns())
     path = CliRunner().invoke(app, ["best", str(tmp_path)]).stdout.strip()
     assert f"optimal config: {path}" in (tmp_path / "summary.txt").read_text()
+
+
+class ByConfig:
+    """Every run of a configuration measures the same (:func:`config_metrics`)."""
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        return ExperimentResult(spec.name, Status.ok, config_metrics(spec))
+
+
+def test_each_metrics_answer_is_kept_and_best_gives_it(tmp_path: Path) -> None:
+    from tests.runner.sim_cluster import TUNING_CONFIG
+
+    def tuned_by(metric: str) -> tuple[str, str]:
+        config = {**TUNING_CONFIG, "autotuning": {**TUNING_CONFIG["autotuning"], "metric": metric}}
+        tune(tuning_job(tmp_path, config), ByConfig())
+        return metric, (tmp_path / "ds_config_optimal.json").read_text()
+
+    answers = dict([tuned_by("throughput"), tuned_by("latency")])  # one folder, both metrics
+    assert answers["throughput"] != answers["latency"]  # the largest micro-batch; the smallest
+
+    def best(*args: str) -> str:
+        result = CliRunner().invoke(app, ["best", str(tmp_path), *args])
+        assert result.exit_code == 0, result.output
+        return Path(result.stdout.strip()).read_text()
+
+    assert best() == answers["latency"]  # ds_config_optimal.json: the last run's
+    assert best("--metric", "throughput") == answers["throughput"]  # kept, not overwritten
+    assert best("--metric", "latency") == answers["latency"]
+    never = CliRunner().invoke(app, ["best", str(tmp_path), "--metric", "flops"])
+    assert never.exit_code == 2
+    assert never.stderr.startswith(f"error: {tmp_path}: no run there ranked by flops")

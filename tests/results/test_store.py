@@ -238,3 +238,23 @@ def test_optimal_path_and_recorded_metric_exist_once_a_run_finished(
     results.write_summary({"metric": "latency"}, "done")
     assert results.optimal_path() == written == results.path / "ds_config_optimal.json"
     assert results.recorded_metric() is Metric.latency
+
+
+def test_a_scripts_command_is_kept_by_metric_training_with_the_kept_config(
+    results: ResultsDir,
+) -> None:
+    optimal = results.write_optimal({"train_micro_batch_size_per_gpu": 8})
+    results.write_command(f"torchrun train.py --deepspeed_config {optimal.resolve()} --steps 9")
+    results.write_summary({"metric": "latency", "optimal_config": str(optimal)}, "done")
+    kept = results.optimal_path(Metric.latency)
+    assert (
+        kept is not None
+        and kept != optimal
+        and json.loads(kept.read_text()) == {"train_micro_batch_size_per_gpu": 8}
+    )
+    assert results.optimal_command(Metric.latency) == (
+        f"torchrun train.py --deepspeed_config {kept.resolve()} --steps 9"
+    )
+    assert results.optimal_path(Metric.throughput) is None  # no run ranked by it
+    results.clear()  # --overwrite: every metric's answer goes too
+    assert results.optimal_path(Metric.latency) is None

@@ -97,3 +97,24 @@ def test_exec_started_in_the_folder_holding_a_clone_runs(tmp_path: Path) -> None
     done = _editable_autotune(cwd, "exec", "--nproc", "1", "--", "train.py", timeout_s=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "served by autotune.deepspeed" in done.stdout
+
+
+def test_python_started_in_the_folder_holding_a_clone_imports_the_installed_autotune(
+    tmp_path: Path,
+) -> None:
+    # A notebook or script beside the clone, as docs/results.md's snippets run: the working
+    # directory first on the path, and the install as install.sh makes it (pyproject's
+    # package-dir puts the clone itself on the path, where a package beats the namespace).
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    code = "from autotune.results import ResultsDir\nimport autotune\nprint(autotune.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=_clone_holder(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == autotune.__file__

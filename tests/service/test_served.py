@@ -97,6 +97,7 @@ def test_submit_from_a_shell(service: Served, first_job: dict[str, Any]) -> None
     assert submitted.exit_code == 0, submitted.output
     first_line = json.loads(submitted.output.splitlines()[0])
     assert first_line["cached"] is True  # the first job's, answered from the record
+    assert "answered with job " in submitted.stderr and "0 experiment(s)" not in submitted.stderr
     refused = CliRunner().invoke(
         app, ["submit", "--server", service.url, "--workload", "mlp", "--device-memory", "lots"]
     )

@@ -232,4 +232,8 @@ def test_a_window_too_short_to_measure_is_flagged_not_raced(tuner_type: str) -> 
     # What it says of measuring again is what happened: a check of the leader, at most.
     again = any(r.num_measurements > 1 for r in summary.ranking if r.name in summary.short_windows)
     said = "measured again only as a check, never to separate" if again else "not measured again"
-    assert said in note and "steps between start_profile_step" in note
+    assert said in note
+    # Half a second of window: ten times 0.05 s, the flag that lengthens it and by how much.
+    steps = summary.window_steps
+    assert f"to about {10 * steps} steps: raise --end-profile-step" in note
+    assert f"(autotuning.end_profile_step) by {9 * steps} " in note

@@ -289,6 +289,34 @@ def test_from_a_run_plans_its_workload_config_and_memory_budget_and_says_so(
     assert "the constants it fitted to mlp, not to gpt" in other.stdout.splitlines()[0]
 
 
+def test_constants_a_cpu_run_fitted_are_not_applied_to_a_gpu(tmp_path: Path) -> None:
+    from autotune.tuner.cost_model import CostModel, Topology, prior_for
+    from autotune.tuner.hardware import CPU_RANK
+
+    fitted = CostModel.from_prior(prior_for(CPU_RANK, Topology(2, 2, "fp16"))).to_dict()
+    run = finished_run(tmp_path, fitted, "mlp", 2, {"d_hidden": 2048})
+    result = runner.invoke(
+        app, ["plan", "--from", str(run), "--hardware", "h100-80gb", "-f", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"warning: the constants {run} fitted are cpu's, not h100-80gb's: planned with "
+        "h100-80gb's datasheet instead\n"
+    )
+    # The run's workload, config and world size on the GPU's datasheet: as if planned
+    # without the run.
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(CONFIG))
+    args = ["--workload", "mlp", "-a", "d_hidden=2048", "--world-size", "2", "-f", "json"]
+    datasheet = runner.invoke(
+        app, ["plan", "--config", str(config), "--hardware", "h100-80gb", *args]
+    )
+    assert json.loads(result.stdout) == json.loads(datasheet.stdout)
+    table = runner.invoke(app, ["plan", "--from", str(run), "--hardware", "h100-80gb"])
+    assert table.stdout.splitlines()[0] == f"from {run}: its workload, its config, its 2 ranks"
+    assert "(the datasheet)" in table.stdout
+
+
 def test_the_table_says_what_it_plans_and_shows_the_leaders(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plan", "--hardware", "h100-80gb"])
     assert result.exit_code == 0, result.output
