@@ -54,16 +54,6 @@ def test_sizes_the_measurement_did_not_visit_follow_memory_and_interpolate() -> 
 
 
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
-def test_every_tuner_replays_on_each_committed_landscape(path: Path) -> None:
-    table = json.loads(path.read_text())
-    assert table["how"]["repeats"] >= 3 and table["model_info"]["num_params"] > 0
-    for tuner_type in ("gridsearch", "random", "model_based"):
-        for seed in range(2):
-            result = replay(table, tuner_type, seed)  # asks only what the table measured
-            assert result.final is not None and result.values
-
-
-@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
 def test_on_real_measurements_the_search_finds_each_stages_largest_micro_batch(
     path: Path,
 ) -> None:
@@ -109,30 +99,35 @@ def test_each_landscapes_top_is_refined_to_within_2pct(path: Path) -> None:
     assert load_script("bench_tuner").landscape_shape(table)["best_uncertainty"] <= 0.02
 
 
+# Six seeds: the median of each tuner's final share; the seeded sequences themselves are pinned
+# by test_proposals. One replay per tuner and seed serves every check below (a model_based
+# replay decides with the cost model each step: seconds on 2 cores).
+REPLAY_SEEDS = range(6)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
-def test_every_tuner_ends_in_the_top_region(path: Path) -> None:
-    # Each landscape's median configuration is worth at most 0.83 of its best; a tuner that
-    # searched the wrong stage, kept a too-small micro-batch or declared a lucky measurement
-    # best ends near it. Which of the top few is best is within one measurement's noise (see
-    # docs/benchmarks.md), so this asks for the top region, not the top one.
+def test_every_tuner_replays_each_landscape_and_ends_in_the_top_region(path: Path) -> None:
     table = json.loads(path.read_text())
+    assert table["how"]["repeats"] >= 3 and table["model_info"]["num_params"] > 0
     for tuner_type in ("gridsearch", "random", "model_based"):
-        finals = [replay(table, tuner_type, s) for s in REPLAY_SEEDS]
+        finals = [replay(table, tuner_type, s) for s in REPLAY_SEEDS]  # asks only what it has
+        assert all(r.final is not None and r.values for r in finals)
+        # Each landscape's median configuration is worth at most 0.83 of its best; a tuner
+        # that searched the wrong stage, kept a too-small micro-batch or declared a lucky
+        # measurement best ends near it. Which of the top few is best is within one
+        # measurement's noise (see docs/benchmarks.md), so this asks for the top region, not
+        # the top one.
         shares = [(r.final or 0.0) / r.best for r in finals]
         print(f"{path.stem} {tuner_type}: final/best median {statistics.median(shares):.3f}")
         assert statistics.median(shares) >= 0.95
-
-
-@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
-def test_model_based_reaches_within_2pct_of_the_best_in_at_most_12_experiments(
-    path: Path,
-) -> None:
-    # The bound (DeepSpeed's fast mode needed 9-34 on its published models). Every
-    # tuner gets there in 2-5 on these tables: each stage's largest micro-batch, which every
-    # search runs first, is within a few per cent of the best.
-    table = json.loads(path.read_text())
-    reach = [replay(table, "model_based", s).experiments_to(WITHIN) or 10_000 for s in range(5)]
-    assert statistics.median(reach) <= 12
+        if tuner_type == "model_based":
+            # The bound (DeepSpeed's fast mode needed 9-34 on its published models).
+            # Every tuner gets there in 2-5 on these tables: each stage's largest
+            # micro-batch, which every search runs first, is within a few per cent of the
+            # best.
+            reach = [r.experiments_to(WITHIN) or 10_000 for r in finals]
+            assert statistics.median(reach) <= 12
 
 
 def test_model_based_replays_a_gpu_shaped_landscape_deterministically_and_cheaply() -> None:
