@@ -11,6 +11,12 @@ from collections.abc import Iterator
 import pytest
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (in their files' order): two workers start on them, and the many
+    short ones fill in at the end, rather than one long test running alone last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def ctrl_c_as_a_shell_delivers_it(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each test starts with Ctrl-C raising KeyboardInterrupt, and one that leaves it changed

@@ -36,6 +36,7 @@ CONFIG = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.multirank
 def test_tune_runs_on_its_own_runner_and_returns_the_report(tmp_path: Path) -> None:
     results = tmp_path / "results"

@@ -83,6 +83,7 @@ def run_args(config: Path, results: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_run_report_best_and_resume(tmp_path: Path) -> None:
     config, results = write_config(tmp_path), tmp_path / "results-in-a-folder-named-at-length"
     first = runner.invoke(app, run_args(config, results))
@@ -147,6 +148,7 @@ def test_kill_9_mid_run_loses_nothing_and_resume_finishes(tmp_path: Path) -> Non
     assert set(names) == {f"z{stage}_mbs{size}" for stage in (1, 2) for size in (1, 2)}
 
 
+@pytest.mark.slow
 def test_storage_puts_the_study_in_a_database_plain_optuna_opens(tmp_path: Path) -> None:
     config, results = write_config(tmp_path, tuner_num_trials=1), tmp_path / "results"
     url = f"sqlite:///{tmp_path / 'autotune.db'}"
@@ -184,6 +186,7 @@ def assert_the_study_is_the_record(results: Path, num_experiments: int) -> None:
         assert low * (1 - 1e-9) <= row["throughput"] <= high * (1 + 1e-9), (row, values)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
     config, results = write_config(tmp_path), tmp_path / "results"
     driver = start_autotune(*run_args(config, results))
@@ -362,6 +365,7 @@ def test_report_of_a_missing_directory_exits_2(tmp_path: Path) -> None:
     assert runner.invoke(app, ["best", str(tmp_path)]).exit_code == 2
 
 
+@pytest.mark.slow
 def test_flags_override_the_config(tmp_path: Path) -> None:
     os.environ.pop("RAY_ADDRESS", None)
     config, results = write_config(tmp_path, metric="throughput"), tmp_path / "results"

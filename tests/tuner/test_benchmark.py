@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from autotune.config import load_config
 from autotune.tuner import Tuner
 from tests.tuner.landscape import MODEL, Landscape, drive
@@ -34,6 +36,7 @@ def tuner(tuner_type: str, seed: int, num_trials: int, patience: int = 10) -> Tu
     return Tuner(load_config(raw, 2), MODEL, device_memory_bytes=budget)
 
 
+@pytest.mark.slow
 def test_model_based_reaches_97_percent_of_the_grid_optimum_in_a_fifth_of_its_size() -> None:
     truth = Landscape()  # noise-free: how good a configuration really is
     grid = drive(tuner("gridsearch", 0, 10_000, patience=10_000), Landscape(noise=0.03))

@@ -73,6 +73,7 @@ def test_each_sampler_searches_a_plain_study_and_stops_it_when_done(tuner_type: 
     assert names[0] == replay(TABLE, tuner_type, 0).names[0]
 
 
+@pytest.mark.slow
 def test_model_based_reaches_the_best_in_plain_optuna_as_fast_as_autotune_run() -> None:
     for table_path in sorted((ROOT / "results" / "landscapes").glob("*.json")):
         table = json.loads(table_path.read_text())
