@@ -48,7 +48,7 @@ DS_CONFIG_TUNE = {
     },
 }
 BOUNDS = {
-    "max_train_micro_batch_size_per_gpu": 8,
+    "max_train_micro_batch_size_per_gpu": 4,
     "tuner_type": "gridsearch",
     "num_remeasure": 0,
     "start_profile_step": 2,
