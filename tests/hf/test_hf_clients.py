@@ -49,6 +49,8 @@ DS_CONFIG_TUNE = {
 }
 BOUNDS = {
     "max_train_micro_batch_size_per_gpu": 4,
+    # The grid's first 5: each stage at micro-batch 4, then smaller ones; 3 ok over 2 stages.
+    "tuner_num_trials": 5,
     "tuner_type": "gridsearch",
     "num_remeasure": 0,
     "start_profile_step": 2,
