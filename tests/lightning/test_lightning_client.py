@@ -94,7 +94,7 @@ def test_the_printed_command_trains_alike_on_deepspeed_itself(
     # builds its ops (once, shared with the engine's tests), stale locks cleared first.
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", extensions_dir())
     clear_leftovers()
-    deepspeed = torchrun(*command[command.index("--") + 1 :], timeout_s=300)
+    deepspeed = torchrun(*command[command.index("--") + 1 :], timeout_s=240)
     assert deepspeed.returncode == 0, deepspeed.stderr[-3000:]
     assert first_losses(deepspeed.stdout, 3) == pytest.approx(
         first_losses(trained.stdout, 3), rel=1e-4
