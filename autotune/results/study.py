@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.metric import Metric
 from autotune.results.files import atomic_write_json
-from autotune.tuner.trials import new_study, record_of
+from autotune.tuner.trials import SUPERSEDES_ATTR, new_study, record_of
 
 if TYPE_CHECKING:
     import optuna
@@ -171,10 +171,13 @@ class RunStudy:
         if study is None:
             return []
         attrs = study.user_attrs
+        trials = study.get_trials(deepcopy=False)
+        # A killed run's experiment that a later trial ran again is that trial's record.
+        superseded = {t.user_attrs.get(SUPERSEDES_ATTR) for t in trials}
         finished = [
             t
-            for t in study.get_trials(deepcopy=False)
-            if t.state.is_finished() and "status" in t.user_attrs
+            for t in trials
+            if t.state.is_finished() and "status" in t.user_attrs and t.number not in superseded
         ]
         finished.sort(key=lambda t: (t.datetime_complete is None, t.datetime_complete, t.number))
         return [record_of(t, attrs) for t in finished]

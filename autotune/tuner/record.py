@@ -26,6 +26,7 @@ from autotune.tuner.trials import (
     REPEAT_OF_ATTR,
     SUPERSEDES_ATTR,
     experiments_of,
+    record_of,
     result_attrs,
     state_of,
 )
@@ -151,10 +152,19 @@ def finish(
     ``metric`` (a loser stopped early reports its value at the step it stopped after)."""
     for key, value in result_attrs(result).items():
         trial.set_user_attr(key, value)
+    # Written last: a trial that has it holds its whole result (see settle_stale).
     trial.set_user_attr(DS_CONFIG_ATTR, dict(ds_config))
+    _tell(study, trial, result, metric)
+
+
+def _tell(
+    study: optuna.Study, trial: optuna.Trial | int, result: ExperimentResult, metric: Metric
+) -> None:
+    """Tell ``result``'s state and its value of ``metric``: a loser stopped early reports
+    its value at the step it stopped after (where the trial is at hand to report it)."""
     state = state_of(result)
     value = metric.of(result.metrics) if result.metrics is not None else None
-    if state.name == "PRUNED" and value is not None:
+    if state.name == "PRUNED" and value is not None and not isinstance(trial, int):
         trial.report(value, step=result.stopped_after_steps or 0)
     study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
 
@@ -175,13 +185,19 @@ def supersede(study: optuna.Study, number: int) -> None:
     study.tell(number, state=TrialState.FAIL)
 
 
-def abandon_stale(study: optuna.Study, space: SearchSpace) -> int:
-    """Fail what a killed run left that is no experiment to run again: trials queued (a
-    re-measurement's parameters, its trial not yet asked: left waiting, the next trial asked
-    would take them) and running trials with no configuration yet (killed while it was
-    suggested). Those with one are run again (they are owed). Returns how many there were."""
+def settle_stale(study: optuna.Study, space: SearchSpace) -> int:
+    """Settle what a killed run left unfinished. A running trial whose result was recorded
+    whole (the kill came between :func:`finish`'s attributes and its tell) is told it: that
+    experiment ran. Failed: trials queued (a re-measurement's parameters, its trial not yet
+    asked: left waiting, the next trial asked would take them) and running trials with no
+    configuration yet (killed while it was suggested). Running trials with one are run
+    again (they are owed). Returns how many were failed."""
     from optuna.trial import TrialState
 
+    metric = space.config.autotuning.metric
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if DS_CONFIG_ATTR in trial.user_attrs:
+            _tell(study, trial.number, ExperimentResult.from_dict(record_of(trial)), metric)
     count = 0
     while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         queued = study.ask()

@@ -94,7 +94,7 @@ class Tuner:
         self._busy = busy_before_start
         self._open: dict[str, tuple[optuna.Trial, Candidate]] = {}  # in flight, by name
         self._quiet_wait_s: float | None = None
-        record.abandon_stale(self.study, self.space)
+        record.settle_stale(self.study, self.space)
         replayed = frozenset(self.history().results)
         self.num_replayed = len(replayed)
         self._clock = RunClock(clock, clock() if started is None else started, None, replayed)

@@ -7,6 +7,7 @@ from optuna.trial import TrialState
 
 from autotune.experiment import ExperimentResult
 from autotune.tuner import Candidate, Tuner
+from autotune.tuner.trials import DS_CONFIG_ATTR, result_attrs, state_of
 from tests.tuner.landscape import FakeClock, Landscape, Tied, drive
 from tests.tuner.tuners import small_tuner, stored_study
 
@@ -103,3 +104,29 @@ def test_a_trial_the_kill_left_before_it_was_named_is_failed_and_taken_by_nothin
     named = [t for t in trials if "name" in t.user_attrs]
     assert [t.user_attrs["name"] for t in named] == whole
     assert all(t.state.is_finished() for t in named)
+
+
+def test_a_result_recorded_but_not_told_before_the_kill_is_told_not_run_again(
+    tuner_type: str,
+) -> None:
+    # A result is written as its trial's attributes, then told, in separate writes: a kill -9
+    # between them leaves a running trial holding the whole result. That experiment ran.
+    landscape = Landscape()
+    whole = [c.name for c in drive(small_tuner(tuner_type), landscape)]
+    record = stored_study()
+    first = small_tuner(tuner_type, study=record())
+    log = run_some(first, landscape, 2)
+    candidate = first.ask()
+    assert candidate is not None
+    result = landscape.run(candidate)
+    live, _ = first._open[candidate.name]  # the trial as finish() holds it
+    for key, value in result_attrs(result).items():
+        live.set_user_attr(key, value)
+    live.set_user_attr(DS_CONFIG_ATTR, candidate.ds_config)  # the kill comes here
+    resumed = small_tuner(tuner_type, study=record())
+    rest = [c.name for c in drive(resumed, landscape)]
+    assert [r.name for r in log] + [result.name] + rest == whole
+    told = record().trials[live.number]
+    assert told.state is state_of(result) and told.user_attrs["name"] == result.name
+    recorded = [t.user_attrs["name"] for t in record().trials if "status" in t.user_attrs]
+    assert recorded == whole  # one record each: none run twice, none lost
