@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.experiment import ExperimentResult, Status
+from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner import LocalRunner, RankOutcome
 from autotune.runner.outcome import (
     INFRASTRUCTURE_RETRIES,
@@ -32,6 +32,13 @@ def taken_port() -> Iterator[int]:
         listener.bind(("0.0.0.0", 0))
         listener.listen()
         yield int(listener.getsockname()[1])
+
+
+def one_rank(name: str) -> ExperimentSpec:
+    """:func:`spec` on one rank: rank 0 binds the rendezvous whatever the world size, and a
+    retry then starts one process, not two."""
+    config = {**spec(name).ds_config, "train_batch_size": 4}
+    return spec(name, ds_config=config, world_size=1)
 
 
 def taken_once_at(tmp_path: Path, port: int) -> functools.partial[object]:
@@ -80,12 +87,11 @@ def test_the_results_log_keeps_the_retries() -> None:
     assert ExperimentResult.from_dict(before).infrastructure_retries == 0
 
 
-@pytest.mark.multirank
 def test_local_a_port_taken_before_the_ranks_bind_it_is_run_again(
     tmp_path: Path, taken_port: int
 ) -> None:
     runner = LocalRunner(reserve_port=taken_once_at(tmp_path, taken_port))
-    result = runner.run(spec("collided"))
+    result = runner.run(one_rank("collided"))
     assert result.status is Status.ok, (result.error, result.error_detail)
     assert result.infrastructure_retries == 1
     assert result.metrics is not None and len(result.metrics.step_times_s) == 3
@@ -105,12 +111,11 @@ def test_local_a_port_taken_every_time_is_an_infrastructure_error(taken_port: in
 
 
 @pytest.mark.ray
-@pytest.mark.multirank
 def test_ray_a_port_taken_before_the_ranks_bind_it_is_run_again(
     ray_cluster: str, tmp_path: Path, taken_port: int
 ) -> None:
     with RayRunner(reserve_port=taken_once_at(tmp_path, taken_port)) as runner:
-        result = runner.run(spec("collided"))
+        result = runner.run(one_rank("collided"))
     assert result.status is Status.ok, (result.error, result.error_detail)
     assert result.infrastructure_retries == 1
     assert result.timings.total_s > result.timings.warmup_s + result.timings.window_s
