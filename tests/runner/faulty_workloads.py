@@ -51,7 +51,9 @@ def faulty(
 
 
 class _FaultyBySize(nn.Module):
-    """Fails as ``faults`` says for the micro-batch (the batch dimension) it is given."""
+    """Fails as ``faults`` says for the micro-batch (the batch dimension) it is given, in an
+    experiment's rank only (the driver's profiling of the model, outside any process group,
+    runs it too)."""
 
     def __init__(self, inner: nn.Module, faults: dict[int, str], rank_to_fail: int) -> None:
         super().__init__()
@@ -59,8 +61,8 @@ class _FaultyBySize(nn.Module):
 
     def forward(self, tokens: torch.Tensor, *rest: Any) -> torch.Tensor:
         fault = self.faults.get(int(tokens.shape[0]))
-        rank = int(torch.distributed.get_rank()) if torch.distributed.is_initialized() else 0
-        if fault is not None and rank == self.rank_to_fail:
+        in_rank = torch.distributed.is_initialized()
+        if fault is not None and in_rank and torch.distributed.get_rank() == self.rank_to_fail:
             if fault == "raise":
                 raise ValueError(f"deliberate failure at micro-batch {tokens.shape[0]}")
             if fault == "hang":

@@ -79,7 +79,8 @@ def wait_for(condition: object, timeout_s: float = 15.0) -> bool:
 
 @pytest.fixture(scope="module")
 def runner(ray_cluster: str) -> Iterator[RayRunner]:
-    with RayRunner(rank_fn=stand_in_rank) as runner:
+    # Ranks that only sleep need no torch: each new gang starts without importing it.
+    with RayRunner(rank_fn=stand_in_rank, preload_torch=False) as runner:
         yield runner
 
 
@@ -140,7 +141,9 @@ def test_an_actor_whose_start_raises_says_what_it_raised_on_one_line(
 ) -> None:
     runner.release_idle()
     with RayRunner(rank_fn=FailsToStart(), preload_torch=False) as broken:
-        first, second = broken.run(stand_in("broken-a")), broken.run(stand_in("broken-b"))
+        # Side by side: each is tried as often as an infrastructure failure allows.
+        results = {r.name: r for r in broken.run_many([stand_in("broken-a"), stand_in("broken-b")])}
+    first, second = results["broken-a"], results["broken-b"]
     assert first.status is Status.error and first.error is not None
     cause = "its start raised ModuleNotFoundError: No module named 'autotune.results.files'"
     assert first.error.startswith("infrastructure: RankLost: rank 0 actor") and cause in first.error
@@ -174,7 +177,7 @@ from autotune.runner.ray_runner import RayRunner
 from tests.runner.specs import stand_in, stand_in_rank
 
 try:
-    with RayRunner(rank_fn=stand_in_rank) as runner:
+    with RayRunner(rank_fn=stand_in_rank, preload_torch=False) as runner:
         list(runner.run_many([stand_in("long", sleep_s=600, pid_dir=sys.argv[1])]))
 except KeyboardInterrupt:
     print("interrupted", flush=True)
@@ -212,7 +215,7 @@ def test_a_prestarted_gang_runs_the_first_experiment_of_its_shape(
     runner: RayRunner, tmp_path: Path
 ) -> None:
     runner.release_idle()  # the runner below needs the CPUs this module's runner may hold
-    with RayRunner(rank_fn=stand_in_rank) as fresh:
+    with RayRunner(rank_fn=stand_in_rank, preload_torch=False) as fresh:
         fresh.prestart(world_size=2)  # returns at once: the gang starts in the background
         assert wait_for(lambda: len(fresh.actors()) == 2, timeout_s=60)
         prestarted = {actor.pid for actor in fresh.actors()}

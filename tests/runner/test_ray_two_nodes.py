@@ -35,21 +35,24 @@ import json, sys, time
 import ray
 
 from autotune.runner.ray_runner import RayRunner
-from tests.runner.specs import spec
+from tests.runner.specs import spec, stand_in, stand_in_rank
 
 address = sys.argv[1]
 report = {}
-for name, options in [
-    ("node_a", {"resources_per_rank": {"node_a": 0.5}}),
-    ("node_b", {"resources_per_rank": {"node_b": 0.5}}),
-    ("spread", {"strategy": "SPREAD"}),
+# Where a rank runs is the actors' placement: ranks that only sleep show it (no torch to load
+# in each actor); the spread one trains, its process group spanning both nodes.
+sleeping = {"rank_fn": stand_in_rank, "preload_torch": False}
+for name, options, experiment in [
+    ("node_a", {"resources_per_rank": {"node_a": 0.5}, **sleeping}, stand_in("node_a", 2)),
+    ("node_b", {"resources_per_rank": {"node_b": 0.5}, **sleeping}, stand_in("node_b", 2)),
+    ("spread", {"strategy": "SPREAD"}, spec("spread")),
 ]:
     with RayRunner(address, **options) as runner:
         # Both nodes up, and the last runner's actors gone (SPREAD is best effort: it packs
         # onto one node if the other looks busy).
         while ray.available_resources().get("CPU", 0) < 4:
             time.sleep(0.2)
-        result = runner.run(spec(name))
+        result = runner.run(experiment)
         report[name] = {
             "status": result.status.value, "nodes": result.node_ids, "error": result.error
         }

@@ -17,8 +17,9 @@ from typing import Any
 
 from autotune.runner import free_port
 
-# Jobs small enough for 2 shared cores: the MLP, a few experiments each.
-SMALL_JOB = {"workload": "mlp", "num_trials": 4}
+# Jobs small enough for 2 shared cores: the MLP on one rank (each experiment a fresh process:
+# torch's import is most of its time), two experiments.
+SMALL_JOB = {"workload": "mlp", "num_trials": 2, "world_size": 1}
 JOB_TIMEOUT_S = 240.0
 
 
