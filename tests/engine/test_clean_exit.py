@@ -14,25 +14,31 @@ from autotune.engine import launch
 from tests.torchrun import free_port, torchrun
 
 EXIT_SCRIPT = Path(__file__).parent / "exit_script.py"
-# Before the fix 9 launches in 20 aborted, so 8 launches miss a regression with probability
-# 0.55^8 < 1%; each is a torchrun of 3 processes importing torch (about 7 s, two at a time).
-RUNS_PER_STAGE = 2
+# Before the fix 9 launches of 2 ranks in 20 aborted: a rank survived with probability
+# 0.55^(1/2). Four launches of 4 ranks, one a stage, end 16 ranks as eight launches of 2 did,
+# so they miss a regression with the same probability, 0.55^8 < 1%, with 20 processes
+# importing torch rather than 24 (each launch's own process imports it too).
+RANKS = 4
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.multirank
 @pytest.mark.slow
 def test_a_script_that_never_destroys_its_group_exits_cleanly_at_every_stage() -> None:
-    runs = [stage for stage in range(4) for _ in range(RUNS_PER_STAGE)]
+    runs = list(range(4))
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(lambda stage: torchrun(str(EXIT_SCRIPT), "--zero", str(stage)), runs))
+        done = list(
+            pool.map(
+                lambda stage: torchrun(str(EXIT_SCRIPT), "--zero", str(stage), nproc=RANKS), runs
+            )
+        )
     failed = [
         f"stage {stage}: exit {run.returncode}: {run.stderr[-300:]}"
         for stage, run in zip(runs, done, strict=True)
         if run.returncode != 0
     ]
     assert not failed, "\n".join(failed)
-    assert all(run.stdout.count(" trained") == 2 for run in done)
+    assert all(run.stdout.count(" trained") == RANKS for run in done)
 
 
 @pytest.fixture

@@ -83,7 +83,9 @@ def test_the_workers_paths_find_the_drivers_autotune_past_a_clone(
 @pytest.mark.slow
 def test_a_run_started_in_the_folder_holding_a_clone_runs(tmp_path: Path) -> None:
     cwd = _clone_holder(tmp_path)
-    args = ["run", "--workload", "mlp", "--num-trials", "1", "--results-dir", "r", "-q"]
+    # One experiment on one Ray worker, two steps: what the worker imports is the point.
+    args = ["run", "--workload", "mlp", "--num-trials", "1", "--world-size", "1"]
+    args += ["--start-profile-step", "1", "--end-profile-step", "2", "--results-dir", "r", "-q"]
     done = _editable_autotune(cwd, *args, "--runner", "ray", timeout_s=300)
     assert done.returncode == 0, done.stdout + done.stderr
     metrics = json.loads(next((cwd / "r" / "exps").glob("*/metrics.json")).read_text())

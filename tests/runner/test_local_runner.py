@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import ConfigError
-from autotune.experiment import Status
+from autotune.experiment import ExperimentResult, Status
 from autotune.runner import InProcessRunner, LocalRunner, local, run_local
 from autotune.runner.local import check_local_gpus
 from autotune.workloads import resolve_workload
@@ -17,8 +17,27 @@ from tests.runner.specs import FAULTY, spec
 pytestmark = pytest.mark.multirank
 
 
-def test_ok_experiment_has_consistent_metrics() -> None:
-    result = run_local(spec("ok"))
+# spec's experiment on one rank, where the point is not between ranks.
+ONE_RANK = {
+    "train_batch_size": 4,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "zero_optimization": {"stage": 2},
+}
+# A gpt just big enough that its FLOPs are those of its non-embedding weights (6 N tokens).
+FLOPS_GPT = {"n_layer": 2, "d_model": 128, "n_head": 4, "seq_len": 64, "vocab": 512}
+
+
+@pytest.fixture(scope="module")
+def ok_result() -> ExperimentResult:
+    """One good experiment whose different facts the next tests check (its ranks' start-up,
+    two fresh interpreters importing torch, is most of an experiment's time here)."""
+    return run_local(spec("ok", args=FLOPS_GPT))
+
+
+def test_ok_experiment_has_consistent_metrics(ok_result: ExperimentResult) -> None:
+    result = ok_result
     assert result.status is Status.ok, result.error_detail
     metrics = result.metrics
     assert metrics is not None
@@ -34,11 +53,10 @@ def test_ok_experiment_has_consistent_metrics() -> None:
     assert len(result.node_ids) == 2
 
 
-def test_flops_match_six_n_tokens_for_gpt() -> None:
-    args = {"n_layer": 2, "d_model": 128, "n_head": 4, "seq_len": 64, "vocab": 512}
-    result = run_local(spec("flops", args=args))
+def test_flops_match_six_n_tokens_for_gpt(ok_result: ExperimentResult) -> None:
+    result = ok_result
     assert result.metrics is not None, result.error
-    model = resolve_workload("gpt", args).model
+    model = resolve_workload("gpt", FLOPS_GPT).model
     embedding = sum(p.numel() for n, p in model.named_parameters() if "wte" in n or "wpe" in n)
     non_embedding = sum(p.numel() for p in model.parameters()) - embedding
     tokens_per_step_per_rank = 2 * 2 * 64  # micro-batch x accumulation x seq_len
@@ -55,18 +73,19 @@ def test_an_exception_on_one_rank_is_status_error_with_its_traceback() -> None:
 
 
 def test_exceeding_the_memory_budget_is_status_oom() -> None:
-    result = run_local(spec("oom", device_memory_bytes=1 << 20))
+    result = run_local(spec("oom", device_memory_bytes=1 << 20, world_size=1, ds_config=ONE_RANK))
     assert result.status is Status.oom, result.error
     assert result.error is not None
 
 
 @pytest.mark.slow
 def test_a_hang_is_cut_by_the_timeout() -> None:
-    result = run_local(spec("hang", FAULTY, {"fault": "sleep", "rank_to_fail": 0}, timeout_s=12))
+    # The timeout is paid in full: short, the ranks' start-up included.
+    result = run_local(spec("hang", FAULTY, {"fault": "sleep", "rank_to_fail": 0}, timeout_s=6))
     # The runner's own SIGKILL of the hung ranks is not mistaken for the OOM killer's.
     assert result.status is Status.timeout, result.error
-    assert result.error is not None and result.error.startswith("timeout: no verdict within 12 s")
-    assert result.timings.total_s >= 12  # cut by the timeout, not before it
+    assert result.error is not None and result.error.startswith("timeout: no verdict within 6 s")
+    assert result.timings.total_s >= 6  # cut by the timeout, not before it
 
 
 def test_a_rank_killed_by_sigkill_is_status_oom_blaming_the_oom_killer() -> None:
@@ -116,7 +135,10 @@ def test_user_workload_from_a_module_in_a_temporary_directory(
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    result = run_local(spec("user", "my_models:build", {"width": 32}))
+    # One rank: a spawned process finds the module as well as two do.
+    result = run_local(
+        spec("user", "my_models:build", {"width": 32}, world_size=1, ds_config=ONE_RANK)
+    )
     assert result.status is Status.ok, result.error_detail
 
 
@@ -124,7 +146,7 @@ def test_more_local_ranks_than_gpus_is_refused_before_running(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Two NCCL ranks on one GPU fail every experiment: said once, as a config error.
-    monkeypatch.setattr(local, "_visible_gpus", lambda: 1)
+    monkeypatch.setattr(local, "visible_gpus", lambda: 1)
     with pytest.raises(ConfigError, match=r"2 local ranks need 2 GPUs .* this machine has 1"):
         LocalRunner().run(spec("two_on_one_gpu"))
     check_local_gpus(2, 0)  # no GPU: CPU ranks, any number
