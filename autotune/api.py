@@ -59,12 +59,15 @@ class RunRequest:
             flags): a key of ``autotuning`` (``"--time-budget"``), ``"device_memory"`` or
             ``"config"``. An override named here is named by it with its value; one not named
             is left to the key path the error names.
+        workload_dir: the folder a user workload's package is looked for in beside the
+            import path (default: the working directory, where the ranks look too).
     """
 
     options: RunOptions = field(default_factory=RunOptions)
     started_s: float | None = None
     started_cpu: CpuSample | None = None
     names: Mapping[str, str] = field(default_factory=dict)
+    workload_dir: Path | None = None
 
     @cached_property
     def overrides(self) -> dict[str, Any]:
@@ -161,7 +164,7 @@ def load_job(request: RunRequest) -> TuningJob:
         started_cpu=request.started_cpu,
     )
     if target is None:
-        check_workload_package(job.workload)
+        check_workload_package(job.workload, request.workload_dir)
     ResultsDir.check_path(job.results_path)
     return job
 

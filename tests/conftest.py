@@ -3,7 +3,9 @@ seconds and most of a GiB), and Ctrl-C as a user's shell delivers it, in every t
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -15,6 +17,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tests first (in their files' order): two workers start on them, and the many
     short ones fill in at the end, rather than one long test running alone last."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def import_path_and_folder_restored() -> Iterator[None]:
+    """Each test leaves ``sys.path`` and the working directory as it found them: building a
+    user workload adds its folder to the import path, as a job's own process should, and a
+    later test's Ray cluster takes the import path for its workers' PYTHONPATH (a test folder
+    holding a ``torch/`` then shadowed torch in every worker)."""
+    path, folder = list(sys.path), os.getcwd()
+    yield
+    sys.path[:] = path
+    os.chdir(folder)
 
 
 @pytest.fixture(autouse=True)

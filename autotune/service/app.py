@@ -409,7 +409,9 @@ def _tuning_job(body: JobRequest, settings: ServiceSettings) -> TuningJob:
     from autotune.config import ConfigError
 
     try:
-        return tuning_job(body, settings.jobs_dir / "new", settings.storage_url)
+        return tuning_job(
+            body, settings.jobs_dir / "new", settings.storage_url, settings.allowed_roots
+        )
     except ConfigError as err:
         raise RequestError(str(err)) from None
 

@@ -285,10 +285,16 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:40] or "job"
 
 
-def tuning_job(request: JobRequest, results_dir: Path, storage: str) -> TuningJob:
+def tuning_job(
+    request: JobRequest,
+    results_dir: Path,
+    storage: str,
+    allowed_roots: tuple[Path, ...] = (),
+) -> TuningJob:
     """The :class:`~autotune.job.TuningJob` ``autotune run`` would assemble for ``request``
     (its config loaded and checked, nothing run), with the service's results directory and
-    storage: what :func:`autotune.service.knowledge.job_key` keys.
+    storage: what :func:`autotune.service.knowledge.job_key` keys. A user workload's package
+    is looked for in the allowed root it is imported from (the job's process runs there).
 
     Raises:
         ConfigError, ScriptError: as :func:`autotune.api.load_job`.
@@ -301,7 +307,8 @@ def tuning_job(request: JobRequest, results_dir: Path, storage: str) -> TuningJo
         results_dir=str(results_dir),
         storage=storage,
     )
-    return load_job(RunRequest(options=options, names=_FIELD_NAMES))
+    workload_dir = user_workload_root(request.workload, allowed_roots)
+    return load_job(RunRequest(options=options, names=_FIELD_NAMES, workload_dir=workload_dir))
 
 
 def placement(request: JobRequest) -> dict[str, Any]:

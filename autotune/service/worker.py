@@ -137,7 +137,7 @@ class JobRun:
         from autotune.api import tune
 
         hardware = knowledge.this_hardware()
-        job = tuning_job(self.request, self.results_dir, self.storage_url)
+        job = tuning_job(self.request, self.results_dir, self.storage_url, _roots())
         self._metric, self._limit = job.config.autotuning.metric, job.memory_budget
         key = knowledge.job_key(job, hardware.id, placement(self.request))
         self.queue.note(self.job.id, key=key)

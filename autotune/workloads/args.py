@@ -61,11 +61,11 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def check_workload_package(spec: str) -> None:
+def check_workload_package(spec: str, folder: str | os.PathLike[str] | None = None) -> None:
     """Raise where ``spec`` names a user workload (``package.module:function``) whose
-    top-level package cannot be found, on the import path or in the working directory (where
-    the ranks look too), importing nothing: a mistyped name refused in a moment, before
-    anything starts. The rest of the spec is checked as the workload is built.
+    top-level package cannot be found, on the import path or in ``folder`` (default: the
+    working directory, where the ranks look too), importing nothing: a mistyped name refused
+    in a moment, before anything starts. The rest of the spec is checked as the workload is built.
 
     Example:
         >>> check_workload_package("gpt"), check_workload_package("json.decoder:JSONDecoder")
@@ -83,7 +83,8 @@ def check_workload_package(spec: str) -> None:
     package = module.split(".")[0]
     if not package.isidentifier() or package in sys.modules:
         return  # a malformed spec is the builder's to word; an imported one is there
-    if importlib.machinery.PathFinder.find_spec(package, [*sys.path, os.getcwd()]) is None:
+    where = os.fspath(folder) if folder is not None else os.getcwd()
+    if importlib.machinery.PathFinder.find_spec(package, [*sys.path, where]) is None:
         raise WorkloadError(
             f"workload {spec!r}: cannot import module {module!r} (ModuleNotFoundError: No "
             f"module named {package!r})"
