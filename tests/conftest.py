@@ -13,12 +13,6 @@ from collections.abc import Iterator
 import pytest
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first (in their files' order): two workers start on them, and the many
-    short ones fill in at the end, rather than one long test running alone last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(autouse=True)
 def import_path_and_folder_restored() -> Iterator[None]:
     """Each test leaves ``sys.path`` and the working directory as it found them: building a
