@@ -70,12 +70,12 @@ def sft_args(checkpoint: Path, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def ok_experiments(results: Path, stage: int) -> Any:
-    """The experiments that ran ok, at least 2, each at ``stage`` and at the micro-batch its
-    client configured and fed (both ranks)."""
+def ok_experiments(results: Path, stage: int, at_least: int = 2) -> Any:
+    """The experiments that ran ok, ``at_least`` of them, each at ``stage`` and at the
+    micro-batch its client configured and fed (both ranks)."""
     frame = load_results(results)
     ok = frame.query("status == 'ok'")
-    assert len(ok) >= 2 and set(ok["zero_stage"]) == {stage}, frame[["name", "status", "error"]]
+    assert len(ok) >= at_least and set(ok["zero_stage"]) == {stage}, frame[["name", "status", "error"]]
     for _, row in ok.iterrows():
         for rank in (0, 1):
             assert client_stage(results, row["name"], rank) == stage
@@ -155,7 +155,10 @@ def test_an_accelerate_loop_launched_with_a_bf16_zero3_yaml_trains_in_bf16(
     launch = ["accelerate", "launch", "--config_file", str(config), str(ACCELERATE_LOOP)]
     tune(results, *launch, "--per_device_train_batch_size", "4", "--max_train_steps", "3",
          flags=SEARCH)  # fmt: skip
-    frame = ok_experiments(results, 3)
+    # The stage is the YAML's and the micro-batch's search stops at the largest that runs
+    # when the cost model expects no knob of ZeRO-3 to gain more than the tolerance: one
+    # experiment ok may be the whole answer.
+    frame = ok_experiments(results, 3, at_least=1)
     for name in frame.query("status == 'ok'")["name"]:
         assert "model dtype: torch.bfloat16" in (results / "exps" / name / "rank0.out").read_text()
     assert json.loads((results / "ds_config_optimal.json").read_text())["bf16"] == {"enabled": True}
