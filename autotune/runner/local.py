@@ -1,13 +1,18 @@
-"""Run one experiment as ``world_size`` fresh local processes (spawn; gloo on CPU, NCCL on GPUs).
+"""Run one experiment as ``world_size`` fresh local processes (gloo on CPU, NCCL on GPUs).
 
-The simplest runner: what tests and a single machine without Ray use. Each experiment pays
-for its processes' start-up; the Ray runner keeps them warm instead.
+The simplest runner: what tests and a single machine without Ray use. Each experiment gets
+processes of its own. On CPU they fork from a server process that imported torch and
+autotune's rank code once (multiprocessing's forkserver), so that an experiment does not
+pay seconds of imports per rank before a training that may take less; with GPUs they are
+spawned, fresh interpreters, since a process forked after anything asked CUDA about the
+devices cannot use them. The Ray runner keeps its rank processes warm instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -27,7 +32,7 @@ from autotune.runner.outcome import (
     infrastructure_failure,
     infrastructure_result,
 )
-from autotune.runner.process import PortReserver, entries_set, free_port, reserve_port, utc_now
+from autotune.runner.process import PortReserver, free_port, reserve_port, utc_now
 
 # How a process killed by SIGKILL ends: -9 from multiprocessing, 128 + 9 through a shell.
 _SIGKILL_EXIT_CODES = (-signal.SIGKILL.value, 128 + signal.SIGKILL.value)
@@ -102,22 +107,34 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def run_local(spec: ExperimentSpec, reserve: PortReserver = reserve_port) -> ExperimentResult:
-    """Run ``spec`` on ``spec.world_size`` spawned processes with a wall-clock limit.
+def rank_start_method(gpus: int) -> str:
+    """How rank processes start on a machine with ``gpus`` visible: ``"forkserver"`` on CPU
+    (see the module docstring), ``"spawn"`` with GPUs or where fork does not exist."""
+    if gpus > 0 or "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    return "forkserver"
+
+
+def run_local(
+    spec: ExperimentSpec, reserve: PortReserver = reserve_port, start_method: str | None = None
+) -> ExperimentResult:
+    """Run ``spec`` on ``spec.world_size`` new processes with a wall-clock limit.
 
     A rank that raises, runs out of memory, dies or outlives ``spec.timeout_s`` gives a result
     with status ``error`` / ``oom`` / ``timeout``; a rank process killed by SIGKILL (most
     likely the kernel's OOM killer) gives ``oom``. A failure of the machinery (the
     rendezvous port taken) is run again on a fresh port, up to ``INFRASTRUCTURE_RETRIES``
     times (``infrastructure_retries`` counts them; the timings cover every attempt). No rank
-    process outlives this call.
+    process outlives this call. ``start_method``: multiprocessing's, ``"spawn"`` or
+    ``"forkserver"`` (default: :func:`rank_start_method` for this machine).
     """
+    context = _rank_context(start_method or rank_start_method(visible_gpus()))
     started_at, started = utc_now(), time.perf_counter()
     retries = 0
     while True:
         reservation = reserve("127.0.0.1")
         try:
-            result, outcomes = _run_once(spec, f"tcp://127.0.0.1:{reservation.port}")
+            result, outcomes = _run_once(spec, f"tcp://127.0.0.1:{reservation.port}", context)
         finally:
             reservation.close()
         result = replace(result, started_at=started_at, infrastructure_retries=retries)
@@ -130,36 +147,45 @@ def run_local(spec: ExperimentSpec, reserve: PortReserver = reserve_port) -> Exp
         retries += 1
 
 
+def _rank_context(start_method: str) -> mp.context.BaseContext:
+    context = mp.get_context(start_method)
+    if start_method == "forkserver":
+        from autotune.runner.rank import rank_modules
+
+        # The server imports them once, as it starts (once per process; later calls change
+        # nothing), for every rank forked from it.
+        context.set_forkserver_preload(rank_modules())
+    return context
+
+
 def _run_once(
-    spec: ExperimentSpec, init_method: str
+    spec: ExperimentSpec, init_method: str, context: mp.context.BaseContext
 ) -> tuple[ExperimentResult, dict[int, RankOutcome]]:
-    """One attempt at ``spec``, meeting at ``init_method``; its result and what each rank
-    reported."""
+    """One attempt at ``spec``, meeting at ``init_method``, its ranks started by
+    ``context``; its result and what each rank reported."""
     started_at, started = utc_now(), time.perf_counter()
-    context = mp.get_context("spawn")
     reports: mp.Queue[RankOutcome] = context.Queue()
-    with _rank_environment(spec.cpus_per_rank):
-        processes = [
-            context.Process(
-                target=_rank_main,
-                args=(spec, rank, init_method, reports),
-                name=f"autotune-{spec.name}-rank{rank}",
-                daemon=True,
-            )
-            for rank in range(spec.world_size)
-        ]
-        try:
-            for process in processes:
-                process.start()
-        except Exception as err:  # e.g. an unpicklable spec: a failed experiment, not a crash
-            _stop([p for p in processes if p.pid is not None])
-            return ExperimentResult(
-                name=spec.name,
-                status=Status.error,
-                error=f"RankStartError: {type(err).__name__}: {err}",
-                started_at=started_at,
-                timings=Timings(total_s=time.perf_counter() - started),
-            ), {}
+    processes = [
+        context.Process(  # type: ignore[attr-defined]
+            target=_rank_main,
+            args=(spec, rank, init_method, reports, _rank_environment(spec.cpus_per_rank)),
+            name=f"autotune-{spec.name}-rank{rank}",
+            daemon=True,
+        )
+        for rank in range(spec.world_size)
+    ]
+    try:
+        for process in processes:
+            process.start()
+    except Exception as err:  # e.g. an unpicklable spec: a failed experiment, not a crash
+        _stop([p for p in processes if p.pid is not None])
+        return ExperimentResult(
+            name=spec.name,
+            status=Status.error,
+            error=f"RankStartError: {type(err).__name__}: {err}",
+            started_at=started_at,
+            timings=Timings(total_s=time.perf_counter() - started),
+        ), {}
 
     outcomes: dict[int, RankOutcome] = {}
     deadline = started + spec.timeout_s
@@ -191,21 +217,38 @@ def _run_once(
 
 
 def _rank_main(
-    spec: ExperimentSpec, rank: int, init_method: str, reports: mp.Queue[RankOutcome]
+    spec: ExperimentSpec,
+    rank: int,
+    init_method: str,
+    reports: mp.Queue[RankOutcome],
+    environment: Mapping[str, str],
 ) -> None:
     from autotune.runner.rank import run_rank
 
     _die_with_parent()
+    # What the process holds from the start (a forked rank: torch and all the server
+    # imported) is never this experiment's garbage: the collections after it skip it.
+    gc.freeze()
+    # The driver's environment as it is now: a forked rank would otherwise have the one
+    # the forkserver started with.
+    os.environ.clear()
+    os.environ.update(environment)
     reports.put(run_rank(spec, rank, init_method))
 
 
 def _die_with_parent() -> None:
-    """Linux: if the driver is killed (even with -9), its rank processes go with it."""
+    """Linux: if the driver is killed (even with -9), its rank processes go with it. A
+    spawned rank's parent is the driver; a forked one's is the forkserver, which exits as
+    soon as the driver is gone."""
     with contextlib.suppress(OSError, AttributeError):
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    parent = mp.parent_process()
-    if parent is not None and os.getppid() != parent.pid:
+    driver = mp.parent_process()
+    if driver is None or driver.pid is None or os.getppid() == driver.pid:
+        return
+    try:
+        os.kill(driver.pid, 0)  # forked: the driver still runs, and the server with it
+    except ProcessLookupError:
         os._exit(1)  # the driver died before the signal was armed: it will never come
 
 
@@ -236,8 +279,7 @@ def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
         process.join(timeout=5)
 
 
-def _rank_environment(cpus_per_rank: int) -> contextlib.AbstractContextManager[None]:
-    """Spawned ranks inherit this environment: one rank's threads fit its cores."""
-    return entries_set(
-        os.environ, {name: str(cpus_per_rank) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    )
+def _rank_environment(cpus_per_rank: int) -> dict[str, str]:
+    """A rank's environment: the driver's, with one rank's threads fitting its cores."""
+    threads = str(cpus_per_rank)
+    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}

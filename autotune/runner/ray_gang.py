@@ -132,12 +132,12 @@ class _RankActor:
         # CUDA yet, and each reads its variables once, as it loads.
         os.environ.update(env_vars or {})
         if preload_torch:
-            import torch  # the import a fresh launch pays every time, paid once here
+            import torch
 
-            from autotune.engine.launch import import_before_process_groups
+            from autotune.runner.rank import preload_rank_modules
 
             torch.set_num_threads(shape.cpus_per_rank)
-            import_before_process_groups()  # else paid inside the first experiment
+            preload_rank_modules()  # what a fresh launch pays every time, paid once here
             # A failure here is left for the experiment to meet and report with its traceback.
             with contextlib.suppress(Exception):
                 measuring_engine(shape.engine).prepare(shape.world_size)

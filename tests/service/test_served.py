@@ -132,7 +132,8 @@ def test_another_model_starts_from_what_the_first_taught(
 def test_a_running_job_is_cancelled_as_ctrl_c_stops_a_run(
     service: Served, browser: Any, tmp_path: Path
 ) -> None:
-    job = {**SMALL_JOB, "workload_args": {"d_hidden": 80}, "num_trials": 6, "tuner": "gridsearch"}
+    # More experiments than it can finish while the page is checked (about 1 s each).
+    job = {**SMALL_JOB, "workload_args": {"d_hidden": 80}, "num_trials": 40, "tuner": "gridsearch"}
     answer = service.submit(job)
     service.wait(answer["id"], until=lambda view: view["experiments"] >= 1)
     # The page shows it running: for how long, the experiment in flight, its log's end.
@@ -153,7 +154,7 @@ def test_a_running_job_is_cancelled_as_ctrl_c_stops_a_run(
     )
     ended = service.wait(answer["id"])
     assert ended["status"] == "cancelled" and ended["best"] is None
-    assert 1 <= ended["experiments"] < 6  # it stopped; what finished is kept in its study
+    assert 1 <= ended["experiments"] < 40  # it stopped; what finished is kept in its study
 
 
 def test_the_page_shows_the_jobs_the_answer_and_the_study(
