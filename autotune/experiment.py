@@ -252,6 +252,9 @@ class ExperimentResult:
     # Script mode: the script ended (returned or exited 0) after this many optimizer steps,
     # before the profile window was complete.
     ended_after_steps: int | None = None
+    samples_per_rank: int | None = None
+    """Script mode: a rank's share of the script's data, in samples, where the micro-batch
+    was more than it (so is every larger one; the script ran out of data at 0 steps)."""
     stopped_after_steps: int | None = None
     """autotune ended the window after this many timed steps: slower than
     ``stop_above_step_s`` (a loser, stopped early)."""
@@ -290,6 +293,7 @@ class ExperimentResult:
             "timings": asdict(self.timings),
             "node_ids": list(self.node_ids),
             "ended_after_steps": self.ended_after_steps,
+            "samples_per_rank": self.samples_per_rank,
             "stopped_after_steps": self.stopped_after_steps,
             "infrastructure_retries": self.infrastructure_retries,
         }
@@ -308,6 +312,7 @@ class ExperimentResult:
             timings=Timings(**data.get("timings", {})),
             node_ids=tuple(data.get("node_ids", ())),
             ended_after_steps=data.get("ended_after_steps", _ended_after_steps(data)),
+            samples_per_rank=data.get("samples_per_rank"),
             stopped_after_steps=data.get("stopped_after_steps"),
             infrastructure_retries=data.get("infrastructure_retries", 0),
         )

@@ -46,7 +46,7 @@ _NOT_RUN_TEXT = {
     NotRunKind.config_rule: "{0}",
     NotRunKind.oom_below: "larger than {0}, which ran out of memory",
     NotRunKind.out_of_data: (
-        "the script ran out of data at micro-batch {0} ({1}): its loader has fewer batches "
+        "the script runs out of data from micro-batch {0} ({1}): its loader has fewer batches "
         "than the profile window needs; pruned in every ZeRO variant"
     ),
     NotRunKind.data_bound: "micro-batch {0} or larger, where the script ran out of data ({1})",

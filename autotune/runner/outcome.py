@@ -44,6 +44,9 @@ class RankOutcome:
     node_id: str = field(default_factory=lambda: os.uname().nodename)
     # Script mode: the optimizer steps the script took when it ended before the window did.
     ended_after_steps: int | None = None
+    # Script mode: a rank's share of the script's data, in samples, where the micro-batch
+    # was more than it (every larger micro-batch would be too).
+    samples_per_rank: int | None = None
     # The timed steps after which the window ended, slower than spec.stop_above_step_s.
     stopped_after_steps: int | None = None
     # True when the failure is the machinery's, not the configuration's: the rendezvous port
@@ -67,6 +70,7 @@ def failure_outcome(rank: int, exc: BaseException) -> RankOutcome:
         failed_at=time.time(),
         peer_failure=status is Status.error and is_lost_peer(exc),
         ended_after_steps=getattr(exc, "ended_after_steps", None),
+        samples_per_rank=getattr(exc, "samples_per_rank", None),
         infrastructure=is_port_taken(exc),
     )
 
@@ -217,6 +221,7 @@ def combine_outcomes(
             started_at=started_at,
             node_ids=node_ids,
             ended_after_steps=cause.ended_after_steps,
+            samples_per_rank=cause.samples_per_rank,
         )
     lead = ordered[0]
     if lead.metrics is None:  # a runner bug, still recorded rather than raised

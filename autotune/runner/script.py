@@ -88,9 +88,14 @@ class ClientConfigMismatch(RuntimeError):
 
 
 class MicroBatchOverData(ScriptFinishedEarly):
-    """The experiment's micro-batch is more than a rank's share of the data: the client fills
-    it by repeating samples (Accelerate's ``even_batches``). Counted as running out of data,
-    so no larger micro-batch is tried."""
+    """The experiment's micro-batch is more than a rank's share of the data
+    (``samples_per_rank``): the client fills it by repeating samples (Accelerate's
+    ``even_batches``). Counted as running out of data at every micro-batch over that share,
+    so none of them is tried."""
+
+    def __init__(self, message: str, samples_per_rank: int) -> None:
+        super().__init__(message, 0)
+        self.samples_per_rank = samples_per_rank
 
 
 # What a client decides from its config before the engine is built, and so must agree with
@@ -234,8 +239,8 @@ class ScriptObserver:
             raise MicroBatchOverData(
                 f"micro-batch {expected} is more than a rank's share of the data ({data[1]} of "
                 f"{data[0]} samples over {self.spec.world_size} ranks): the client would repeat "
-                "samples to fill it, so no larger micro-batch is tried",
-                0,
+                f"samples to fill it, so no micro-batch over {data[1]} is tried",
+                data[1],
             )
         tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()]
         if tensors and tensors[0].shape[0] != expected:

@@ -4,8 +4,10 @@ An ``oom`` is a constraint: every larger micro-batch with the same stage and kno
 unrun. A script that ran out of data (it ended early,
 :attr:`~autotune.experiment.ExperimentResult.ended_early`: its loader has fewer batches at
 that micro-batch than the profile window needs) bounds every variant alike: that micro-batch
-and every larger one are pruned everywhere. A script that ends after as many steps whatever
-the micro-batch has a step limit of its own, which no config changes.
+and every larger one are pruned everywhere; where the run said a rank's share of the data
+(:attr:`~autotune.experiment.ExperimentResult.samples_per_rank`), every micro-batch over
+it. A script that ends after as many steps whatever the micro-batch has a step limit of
+its own, which no config changes.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ class Bounds:
         self._history = history
         # Per variant and knobs, the run at the smallest micro-batch that ran out of memory.
         self._oom_floor: dict[tuple[Variant, tuple[tuple[str, Any], ...]], str] = {}
-        # Micro-batch → the first run at it whose script ran out of data, and the sizes that
-        # ran ok in any variant: together the bound on every variant (see data_ceiling).
+        # The smallest micro-batch a run's script ran out of data at (its own, or one over
+        # the rank's share of the data it said) → the first such run, and the sizes that ran
+        # ok in any variant: together the bound on every variant (see data_ceiling).
         self._out_of_data: dict[int, str] = {}
         self._ok_sizes: set[int] = set()
         for name in history.order:
@@ -46,7 +49,10 @@ class Bounds:
         if result.ok:
             self._ok_sizes.add(entry.micro_batch_size)
         elif result.ended_early:
-            self._out_of_data.setdefault(entry.micro_batch_size, name)
+            size = entry.micro_batch_size
+            if result.samples_per_rank is not None:
+                size = min(size, result.samples_per_rank + 1)
+            self._out_of_data.setdefault(size, name)
 
     def oom_pruner(self, name: str) -> str | None:
         """The experiment that ran out of memory at a micro-batch no larger than ``name``'s."""
@@ -64,24 +70,29 @@ class Bounds:
         return None if floor is None else self._size(floor)
 
     def data_ceiling(self) -> str | None:
-        """The run at the smallest micro-batch where the script ran out of data, above every
-        size that ran ok (one that ran ok had data enough, whatever ended another run)."""
+        """The run that set the smallest micro-batch where the script runs out of data, above
+        every size that ran ok (one that ran ok had data enough, whatever ended another)."""
+        ceiling = self._ceiling()
+        return None if ceiling is None else ceiling[1]
+
+    def data_ceiling_size(self) -> int | None:
+        """The smallest micro-batch where the script runs out of data (see data_ceiling)."""
+        ceiling = self._ceiling()
+        return None if ceiling is None else ceiling[0]
+
+    def _ceiling(self) -> tuple[int, str] | None:
         if self.step_limit() is not None:  # the script stops itself: no data bound shown
             return None
         largest_ok = max(self._ok_sizes, default=0)
         sizes = [size for size in self._out_of_data if size > largest_ok]
-        return self._out_of_data[min(sizes)] if sizes else None
-
-    def data_ceiling_size(self) -> int | None:
-        ceiling = self.data_ceiling()
-        return None if ceiling is None else self._size(ceiling)
+        return (min(sizes), self._out_of_data[min(sizes)]) if sizes else None
 
     def data_pruner(self, name: str) -> str | None:
-        """The run that ran out of data at a micro-batch no larger than ``name``'s."""
-        entry, ceiling = self._history.entries.get(name), self.data_ceiling()
+        """The run that set a data bound at a micro-batch no larger than ``name``'s."""
+        entry, ceiling = self._history.entries.get(name), self._ceiling()
         if entry is None or ceiling is None:
             return None
-        return ceiling if entry.micro_batch_size >= self._size(ceiling) else None
+        return ceiling[1] if entry.micro_batch_size >= ceiling[0] else None
 
     def pruned(self) -> dict[Unrun, NotRunReason]:
         """Why each configuration considered and not run that a bound prunes is pruned: the
@@ -96,10 +107,10 @@ class Bounds:
         }
 
     def _pruned_by_data(self) -> dict[Unrun, NotRunReason]:
-        ceiling = self.data_ceiling()
-        if ceiling is None:
+        bound = self._ceiling()
+        if bound is None:
             return {}
-        size = self._size(ceiling)
+        size, ceiling = bound
         pruned = {
             Unrun(UnrunKind.sizes_from, size=size): NotRunReason(
                 NotRunKind.out_of_data, (size, ceiling)

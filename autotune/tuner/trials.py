@@ -60,6 +60,7 @@ RESULT_ATTRS = (
     "timings",
     "node_ids",
     "ended_after_steps",
+    "samples_per_rank",
     "stopped_after_steps",
     "infrastructure_retries",
 )

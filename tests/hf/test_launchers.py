@@ -75,7 +75,8 @@ def ok_experiments(results: Path, stage: int, at_least: int = 2) -> Any:
     micro-batch its client configured and fed (both ranks)."""
     frame = load_results(results)
     ok = frame.query("status == 'ok'")
-    assert len(ok) >= at_least and set(ok["zero_stage"]) == {stage}, frame[["name", "status", "error"]]
+    shown = frame[["name", "status", "error"]]
+    assert len(ok) >= at_least and set(ok["zero_stage"]) == {stage}, shown
     for _, row in ok.iterrows():
         for rank in (0, 1):
             assert client_stage(results, row["name"], rank) == stage

@@ -58,7 +58,47 @@ def test_running_out_of_data_bounds_the_micro_batch_of_every_variant() -> None:
         why for key, why in not_run_texts(summary).items() if key.startswith("micro-batch >=")
     ]
     smallest_dry = min(dry, key=lambda c: c.micro_batch_size).name
-    assert "ran out of data" in why and smallest_dry in why
+    assert "runs out of data" in why and smallest_dry in why
+
+
+# A rank's share of the data of a client that repeats samples to fill a larger micro-batch.
+SAMPLES_PER_RANK = 13
+
+
+class RepeatingLoader(Landscape):
+    """The landscape, behind an Accelerate client: a micro-batch over a rank's share of the
+    data is refused at its first step, saying the share."""
+
+    def run(self, candidate: Candidate) -> ExperimentResult:
+        if candidate.micro_batch_size > SAMPLES_PER_RANK:
+            return ExperimentResult(
+                candidate.name,
+                Status.error,
+                error=f"MicroBatchOverData: micro-batch {candidate.micro_batch_size} is more "
+                f"than a rank's share of the data ({SAMPLES_PER_RANK} of 26 samples over 2 ranks)",
+                ended_after_steps=0,
+                samples_per_rank=SAMPLES_PER_RANK,
+            )
+        return super().run(candidate)
+
+
+def test_a_micro_batch_over_the_data_share_bounds_every_size_over_the_share() -> None:
+    """One refusal says where the data ends: the search does not walk down from it size by
+    size (it did: 1024, 512, 256, 255, 254, ... over a share of 128)."""
+    landscape = RepeatingLoader()
+    tuner = fast_tuner(landscape.budget_bytes, tuner_early_stopping=99)
+    asked = drive(tuner, landscape)
+    over = [c.micro_batch_size for c in asked if c.micro_batch_size > SAMPLES_PER_RANK]
+    assert len(over) <= 2, over  # the first refusal, and at most one before it
+    for stage in range(4):
+        assert true_largest_fit(landscape, stage) >= SAMPLES_PER_RANK
+        probes = [c for c in asked if c.stage == stage and c.phase is Phase.max_micro_batch]
+        assert max(c.micro_batch_size for c in probes if landscape.run(c).ok) == SAMPLES_PER_RANK
+    (why,) = [
+        why for key, why in not_run_texts(tuner.summary()).items()
+        if key.startswith("micro-batch >=")
+    ]  # fmt: skip
+    assert f"micro-batch {SAMPLES_PER_RANK + 1} " in why
 
 
 def test_a_script_with_a_step_limit_of_its_own_ends_the_run_saying_so() -> None:
