@@ -197,14 +197,18 @@ def make_runner(
     actors on the Ray cluster at ``ray_address`` (None: one started here, or
     ``RAY_ADDRESS``'s); ``"local"``, fresh processes per experiment.
 
-    Given the ``job``, the Ray runner starts the actors of its first experiment before
-    returning (see :meth:`~autotune.runner.ray_runner.RayRunner.prestart`): they start
-    while the caller goes on.
+    Given the ``job``, the runner starts what its first experiment runs on before returning
+    (:meth:`~autotune.runner.ray_runner.RayRunner.prestart`: the actors,
+    :meth:`~autotune.runner.local.LocalRunner.prestart`: the server ranks fork from): it
+    starts while the caller goes on.
     """
     from autotune.runner import LocalRunner
 
     if kind == "local":
-        return contextlib.nullcontext(LocalRunner())
+        local = LocalRunner()
+        if job is not None:
+            local.prestart()
+        return contextlib.nullcontext(local)
     if kind != "ray":
         raise ValueError(f"runner {kind!r}: expected 'ray' or 'local'")
     from autotune.runner.ray_runner import RayRunner

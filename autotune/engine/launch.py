@@ -40,7 +40,7 @@ ConfigSource = str | Path | dict[str, Any] | Config
 # group is torn down during interpreter shutdown instead, where a gloo thread releasing its
 # last work aborts the process. torch.optim's first optimizer imports the first of them
 # (through torch._dynamo), so a group made before the engine's optimizer was always pinned.
-MODULES_BINDING_THE_DEFAULT_GROUP = (
+_MODULES_BINDING_THE_DEFAULT_GROUP = (
     "torch.distributed.nn.functional",
     "torch.distributed.optim.zero_redundancy_optimizer",
     "torch.distributed.fsdp.sharded_grad_scaler",
@@ -52,7 +52,7 @@ def import_before_process_groups() -> None:
     process; later calls cost a dictionary lookup each)."""
     if dist.is_available() and dist.is_initialized():
         return  # importing now would pin this group
-    for name in MODULES_BINDING_THE_DEFAULT_GROUP:
+    for name in _MODULES_BINDING_THE_DEFAULT_GROUP:
         with contextlib.suppress(ImportError):  # absent from this torch: nothing to pin
             importlib.import_module(name)
 

@@ -48,6 +48,17 @@ class LocalRunner:
     def __init__(self, reserve_port: PortReserver = reserve_port) -> None:
         self._reserve_port = reserve_port
 
+    def prestart(self) -> None:
+        """Start the server the ranks fork from now, in the background, while the caller
+        goes on (its imports take seconds, which the first experiment would otherwise wait
+        for). Nothing on a machine with NVIDIA devices, whose ranks are spawned; asked
+        without importing torch, which the caller is likely importing on another thread."""
+        if rank_start_method(1 if os.path.exists("/dev/nvidiactl") else 0) == "forkserver":
+            from multiprocessing import forkserver
+
+            _rank_context("forkserver")
+            forkserver.ensure_running()
+
     def run(self, spec: ExperimentSpec) -> ExperimentResult:
         """Run ``spec`` and return its result; never raises for a failed experiment.
 
@@ -150,11 +161,9 @@ def run_local(
 def _rank_context(start_method: str) -> mp.context.BaseContext:
     context = mp.get_context(start_method)
     if start_method == "forkserver":
-        from autotune.runner.rank import rank_modules
-
-        # The server imports them once, as it starts (once per process; later calls change
-        # nothing), for every rank forked from it.
-        context.set_forkserver_preload(rank_modules())
+        # The server imports what ranks need once, as it starts (once per process; later
+        # calls change nothing), for every rank forked from it.
+        context.set_forkserver_preload(["autotune.runner.warm_fork"])
     return context
 
 

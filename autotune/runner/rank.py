@@ -37,13 +37,6 @@ _RANK_MODULES = (
 )
 
 
-def rank_modules() -> list[str]:
-    """The modules :func:`preload_rank_modules` imports, by name (for a forkserver)."""
-    from autotune.engine.launch import MODULES_BINDING_THE_DEFAULT_GROUP
-
-    return [*_RANK_MODULES, *MODULES_BINDING_THE_DEFAULT_GROUP]
-
-
 def preload_rank_modules() -> None:
     """Import what a rank's first experiment would (see ``_RANK_MODULES``), here and now."""
     from autotune.engine.launch import import_before_process_groups
