@@ -179,7 +179,10 @@ def _run_once(
             target=_rank_main,
             args=(spec, rank, init_method, reports, _rank_environment(spec.cpus_per_rank)),
             name=f"autotune-{spec.name}-rank{rank}",
-            daemon=True,
+            # Not a daemon: multiprocessing forbids a daemon children of its own, which a
+            # script's data loader workers are. Every rank is stopped below whatever happens,
+            # and dies with the driver (see _die_with_parent).
+            daemon=False,
         )
         for rank in range(spec.world_size)
     ]

@@ -84,3 +84,12 @@ def faulty_by_micro_batch(faults: dict[str, str], rank_to_fail: int = 1) -> Work
     base = resolve_workload("gpt", TINY_GPT)
     by_size = {int(size): fault for size, fault in faults.items()}
     return Workload(_FaultyBySize(base.model, by_size, rank_to_fail), base.make_batch)
+
+
+def with_loader_workers() -> Workload:
+    """The tiny gpt, built after one pass over a DataLoader with a worker process: a rank
+    that starts processes of its own, as a script's loader does."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4)),
+                                         num_workers=1)  # fmt: skip
+    assert len(list(loader)) == 4
+    return resolve_workload("gpt", TINY_GPT)

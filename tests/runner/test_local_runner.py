@@ -192,3 +192,11 @@ def test_the_experiments_config_switches_the_workloads_checkpointing_on() -> Non
     assert checkpointed.metrics.flops_per_step > 1.1 * plain.metrics.flops_per_step
     unable = runner.run(spec("mlp", "mlp", {}, ds_config=config, world_size=1))
     assert unable.status is Status.error and "checkpointing" in (unable.error or "")
+
+
+def test_a_rank_may_start_processes_of_its_own() -> None:
+    """A script's data loader starts worker processes in its rank: a rank process must not
+    be one that multiprocessing forbids children (a daemon)."""
+    workload = "tests.runner.faulty_workloads:with_loader_workers"
+    result = run_local(spec("workers", workload, {}, world_size=1, ds_config=ONE_RANK))
+    assert result.status is Status.ok, result.error
