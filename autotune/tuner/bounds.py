@@ -118,8 +118,8 @@ class Bounds:
         }
         pruned.update(
             (Unrun.configuration(name), NotRunReason(NotRunKind.data_bound, (size, ceiling)))
-            for name in self._history.entries
-            if name not in self._history.results and self.data_pruner(name) is not None
+            for name, entry in self._history.entries.items()
+            if name not in self._history.results and entry.micro_batch_size >= size
         )
         return pruned
 
