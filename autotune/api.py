@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -28,6 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune import interrupts
 from autotune.config import ConfigError, load_config, parse_size, read_json, set_key
 from autotune.defaults import DEFAULT_CONFIG, DEFAULT_WORLD_SIZE, default_results_dir
 from autotune.profiling.interference import CpuSample, sample_cpu
@@ -236,7 +236,7 @@ def started_runner(
     that starts them (Linux's parent-death signal), so they would die with a thread that
     ends. The thread is always waited for, whatever happens: one still importing torch as
     the interpreter exits aborts it. Ctrl-C meanwhile takes effect once both are done (see
-    :func:`_ctrl_c_deferred`); a second one at once.
+    :func:`autotune.interrupts.deferred`); a second one at once.
 
     Raises:
         WorkloadError, ResultsDirError, ResultsLockedError, DeepSpeedUnavailable: as
@@ -256,7 +256,7 @@ def started_runner(
 
     checking = threading.Thread(target=check, name="autotune-check-job", daemon=True)
     with contextlib.ExitStack() as stack:
-        with _ctrl_c_deferred():
+        with interrupts.deferred():
             checking.start()
             try:
                 runner = stack.enter_context(start())
@@ -265,38 +265,6 @@ def started_runner(
         if failed:
             raise failed[0]  # the runner is shut down on the way out
         yield runner
-
-
-@contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
-    """Ctrl-C (SIGINT) inside the block takes effect as the block ends; a second one at once.
-
-    While another thread imports, a KeyboardInterrupt raised in the middle of one of this
-    thread's own imports can leave Python's global import lock held (CPython's importlib is
-    not safe against it): the other thread's next import then waits forever, and so does
-    whoever waits for that thread. Seen: Ctrl-C at the wrong moment of a run's start hung it
-    (1 try in 10). Only the main thread receives signals; elsewhere this does nothing.
-    """
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous is None:
-        yield
-        return
-    pressed = False
-
-    def defer(signum: int, frame: Any) -> None:
-        nonlocal pressed
-        if pressed:  # insisted on: the handler that was there, now
-            signal.signal(signal.SIGINT, previous)
-            signal.raise_signal(signal.SIGINT)
-        pressed = True
-
-    signal.signal(signal.SIGINT, defer)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed:
-        signal.raise_signal(signal.SIGINT)  # to the handler that was there: as if now
 
 
 def tune(

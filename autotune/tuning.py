@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from autotune import interrupts
 from autotune.config.overrides import as_client_reads
 from autotune.experiment import ExperimentResult, ExperimentSpec
 from autotune.job import (
@@ -234,31 +235,41 @@ def _run_to_the_end(
         return tuple(candidate for _, candidate in in_flight.values())
 
     try:
-        while True:
-            while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
-                spec = make_spec(candidate)
-                results.start(spec)
-                slots.runner.submit(spec)
-                in_flight[spec.name] = (spec, candidate)
-                notify(TuningEvent(EventKind.started, candidate, None, tuner.summary(), running()))
-            if not in_flight:
-                wait_s = tuner.quiet_wait_s
-                if wait_s is None:  # the tuner asks for nothing and waits for nothing: done
-                    return run_now
-                notify(TuningEvent(EventKind.waiting, None, None, tuner.summary(), wait_s=wait_s))
-                started = time.monotonic()
-                quiet = wait_for_quiet(wait_s, slots.job.rank_cores)
-                tuner.machine_quiet(quiet, time.monotonic() - started)
-                continue
-            for result in slots.runner.wait():
-                spec, candidate = in_flight.pop(result.name)
-                results.save(spec, result)
-                tuner.tell(result)
-                run_now += 1
-                on_result(result)
-                notify(
-                    TuningEvent(EventKind.finished, candidate, result, tuner.summary(), running())
-                )
+        # A Ctrl-C whose KeyboardInterrupt Python dropped (see interrupts.kept) stops the
+        # run as the loop comes round.
+        with interrupts.kept() as deliver_lost:
+            while True:
+                deliver_lost()
+                while len(in_flight) < slots.count() and (candidate := tuner.ask()) is not None:
+                    spec = make_spec(candidate)
+                    results.start(spec)
+                    slots.runner.submit(spec)
+                    in_flight[spec.name] = (spec, candidate)
+                    notify(
+                        TuningEvent(EventKind.started, candidate, None, tuner.summary(), running())
+                    )
+                if not in_flight:
+                    wait_s = tuner.quiet_wait_s
+                    if wait_s is None:  # the tuner asks for nothing and waits for nothing: done
+                        return run_now
+                    notify(
+                        TuningEvent(EventKind.waiting, None, None, tuner.summary(), wait_s=wait_s)
+                    )
+                    started = time.monotonic()
+                    quiet = wait_for_quiet(wait_s, slots.job.rank_cores)
+                    tuner.machine_quiet(quiet, time.monotonic() - started)
+                    continue
+                for result in slots.runner.wait():
+                    spec, candidate = in_flight.pop(result.name)
+                    results.save(spec, result)
+                    tuner.tell(result)
+                    run_now += 1
+                    on_result(result)
+                    notify(
+                        TuningEvent(
+                            EventKind.finished, candidate, result, tuner.summary(), running()
+                        )
+                    )
     except BaseException:
         slots.runner.cancel()  # Ctrl-C or a crash: stop what runs, free its resources
         raise

@@ -3,6 +3,8 @@ each result recorded as it finishes, and an interruption cancels what is in flig
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import autotune.tuning
+from autotune.experiment import ExperimentResult
 from autotune.profiling.interference import sample_cpu
 from autotune.results import ResultsDir
 from autotune.tuning import tune
@@ -56,6 +59,24 @@ def test_an_interruption_cancels_what_is_in_flight_and_a_resume_runs_it(tmp_path
     one_at_a_time = tmp_path / "one-at-a-time"
     tune(tuning_job(one_at_a_time), FakeCluster(fits=1))
     assert sorted(names) == sorted(logged_names(one_at_a_time))
+
+
+class DropsCtrlC(FakeCluster):
+    """Ctrl-C lands while the third result is awaited, where Python drops what it raises
+    (a garbage-collection callback, a ``__del__``)."""
+
+    def wait(self) -> list[ExperimentResult]:
+        if self.finished == 2:
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        return super().wait()
+
+
+def test_a_ctrl_c_whose_interrupt_was_dropped_still_stops_the_run(tmp_path: Path) -> None:
+    runner = DropsCtrlC()
+    with pytest.raises(KeyboardInterrupt):
+        tune(tuning_job(tmp_path), runner)
+    assert len(logged_names(tmp_path)) == 3 and runner.cancelled  # stopped as it came round
 
 
 @pytest.mark.parametrize("neighbour_leaves", [True, False])

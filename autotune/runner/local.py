@@ -14,14 +14,15 @@ import contextlib
 import ctypes
 import gc
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
-import queue
 import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
+from autotune import interrupts
 from autotune.config import ConfigError
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status, Timings
 from autotune.runner.outcome import (
@@ -171,58 +172,68 @@ def _run_once(
     spec: ExperimentSpec, init_method: str, context: mp.context.BaseContext
 ) -> tuple[ExperimentResult, dict[int, RankOutcome]]:
     """One attempt at ``spec``, meeting at ``init_method``, its ranks started by
-    ``context``; its result and what each rank reported."""
+    ``context``; its result and what each rank reported.
+
+    Each rank reports on a pipe of its own rather than a shared ``multiprocessing.Queue``:
+    a queue's locks are named semaphores that the child opens by name as it starts, so a
+    driver stopped (Ctrl-C) while a rank was starting removed them under it, and the rank
+    printed a traceback into the user's terminal. A pipe's ends travel with the start.
+    """
     started_at, started = utc_now(), time.perf_counter()
-    reports: mp.Queue[RankOutcome] = context.Queue()
+    pipes = [context.Pipe(duplex=False) for _ in range(spec.world_size)]
     processes = [
         context.Process(  # type: ignore[attr-defined]
             target=_rank_main,
-            args=(spec, rank, init_method, reports, _rank_environment(spec.cpus_per_rank)),
+            args=(spec, rank, init_method, sender, _rank_environment(spec.cpus_per_rank)),
             name=f"autotune-{spec.name}-rank{rank}",
             # Not a daemon: multiprocessing forbids a daemon children of its own, which a
             # script's data loader workers are. Every rank is stopped below whatever happens,
             # and dies with the driver (see _die_with_parent).
             daemon=False,
         )
-        for rank in range(spec.world_size)
+        for rank, (_, sender) in enumerate(pipes)
     ]
-    try:
-        for process in processes:
-            process.start()
-    except Exception as err:  # e.g. an unpicklable spec: a failed experiment, not a crash
-        _stop([p for p in processes if p.pid is not None])
-        return ExperimentResult(
-            name=spec.name,
-            status=Status.error,
-            error=f"RankStartError: {type(err).__name__}: {err}",
-            started_at=started_at,
-            timings=Timings(total_s=time.perf_counter() - started),
-        ), {}
-
+    listening = [receiver for receiver, _ in pipes]
     outcomes: dict[int, RankOutcome] = {}
-    deadline = started + spec.timeout_s
     try:
+        try:
+            # Ctrl-C meanwhile waits for every start's pid, which the stop below needs.
+            with interrupts.deferred():
+                for process, (_, sender) in zip(processes, pipes, strict=True):
+                    process.start()
+                    sender.close()  # the rank holds it now: its end shows as the pipe's EOF
+        except Exception as err:  # e.g. an unpicklable spec: a failed experiment, not a crash
+            return ExperimentResult(
+                name=spec.name,
+                status=Status.error,
+                error=f"RankStartError: {type(err).__name__}: {err}",
+                started_at=started_at,
+                timings=Timings(total_s=time.perf_counter() - started),
+            ), {}
+        deadline = started + spec.timeout_s
         while len(outcomes) < spec.world_size:
             now = time.perf_counter()
             if now >= deadline:
                 break
-            try:
-                outcome = reports.get(timeout=min(0.2, deadline - now))
-                outcomes[outcome.rank] = outcome
-                if outcome.status is not Status.ok:
-                    # Peers of a failed rendezvous wait in it for nothing: no grace for them.
-                    grace_s = 0.0 if outcome.infrastructure else FAILURE_GRACE_S
-                    deadline = min(deadline, time.perf_counter() + grace_s)
-                continue
-            except queue.Empty:
-                pass
+            ready = mp_connection.wait(listening, timeout=min(0.2, deadline - now))
+            for receiver in [receiver for receiver in listening if receiver in ready]:
+                listening.remove(receiver)
+                with contextlib.suppress(EOFError):  # it ended without a word: seen below
+                    outcome: RankOutcome = receiver.recv()
+                    outcomes[outcome.rank] = outcome
+                    if outcome.status is not Status.ok:
+                        # Peers of a failed rendezvous wait in it for nothing: no grace then.
+                        grace_s = 0.0 if outcome.infrastructure else FAILURE_GRACE_S
+                        deadline = min(deadline, time.perf_counter() + grace_s)
             for rank, process in enumerate(processes):
                 if rank not in outcomes and not process.is_alive() and process.exitcode != 0:
                     outcomes[rank] = _died(rank, process.exitcode)
                     deadline = min(deadline, time.perf_counter() + FAILURE_GRACE_S)
     finally:
-        _stop(processes)
-        reports.close()
+        _stop([process for process in processes if process.pid is not None])
+        for receiver, sender in pipes:
+            receiver.close()
+            sender.close()
 
     verdict = experiment_verdict(spec, outcomes, started_at, time.perf_counter() - started)
     return verdict, outcomes
@@ -232,7 +243,7 @@ def _rank_main(
     spec: ExperimentSpec,
     rank: int,
     init_method: str,
-    reports: mp.Queue[RankOutcome],
+    report: mp_connection.Connection,
     environment: Mapping[str, str],
 ) -> None:
     from autotune.runner.rank import run_rank
@@ -245,7 +256,8 @@ def _rank_main(
     # the forkserver started with.
     os.environ.clear()
     os.environ.update(environment)
-    reports.put(run_rank(spec, rank, init_method))
+    report.send(run_rank(spec, rank, init_method))
+    report.close()
 
 
 def _die_with_parent() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +202,25 @@ def test_a_rank_may_start_processes_of_its_own() -> None:
     workload = "tests.runner.faulty_workloads:with_loader_workers"
     result = run_local(spec("workers", workload, {}, world_size=1, ds_config=ONE_RANK))
     assert result.status is Status.ok, result.error
+
+
+def test_ctrl_c_as_ranks_start_waits_for_every_start_then_stops_them_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank the forkserver has forked is the driver's to stop only once its start has
+    returned its pid: cut in between, it ran on unseen (holding the terminal's output)."""
+    context = local._rank_context(local.rank_start_method(local.visible_gpus()))
+    process_type = context.Process  # type: ignore[attr-defined]
+    start = process_type.start
+    started: list[Any] = []
+
+    def ctrl_c_after_the_first(process: Any) -> None:
+        start(process)
+        started.append(process)
+        if len(started) == 1:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(process_type, "start", ctrl_c_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        run_local(spec("interrupted"))
+    assert len(started) == 2 and not any(process.is_alive() for process in started)
