@@ -85,11 +85,6 @@ def test_each_landscape_separates_its_best_from_its_median_configuration(path: P
     assert runner.best_value >= 1.2 * medians[len(medians) // 2]
 
 
-# Six seeds: the median of each tuner's final share; the seeded sequences themselves are pinned
-# by test_proposals.
-REPLAY_SEEDS = range(6)
-
-
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
 def test_each_landscapes_top_is_refined_to_within_2pct(path: Path) -> None:
     # experiments/landscape.py --refine raced the configurations near the 2% line, so the
