@@ -73,3 +73,12 @@ def processes_with_env(name: str, value: str) -> list[int]:
         except OSError:  # gone, or not ours
             continue
     return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
+from typing import Any
 
 from autotune import interrupts
 from autotune.config import ConfigError
@@ -263,17 +264,35 @@ def _rank_main(
 def _die_with_parent() -> None:
     """Linux: if the driver is killed (even with -9), its rank processes go with it. A
     spawned rank's parent is the driver; a forked one's is the forkserver, which exits as
-    soon as the driver is gone."""
+    soon as the driver is gone (once the rank lets it: :func:`_release_the_server`)."""
     with contextlib.suppress(OSError, AttributeError):
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     driver = mp.parent_process()
     if driver is None or driver.pid is None or os.getppid() == driver.pid:
         return
+    _release_the_server()
     try:
         os.kill(driver.pid, 0)  # forked: the driver still runs, and the server with it
     except ProcessLookupError:
         os._exit(1)  # the driver died before the signal was armed: it will never come
+
+
+def _release_the_server() -> None:
+    """Close this forked rank's copy of the driver's end of the pipe that keeps the
+    forkserver alive. Every child of the server gets one, so the server lives until the
+    driver and all its children are gone; a rank holding it kept the server, and with it
+    its own parent-death signal, alive after the driver's kill -9 (seen: a rank of a killed
+    run still waiting in its rendezvous 13 minutes on). The attribute is multiprocessing's
+    own; a server that starts later in this process (a script's loader using forkserver)
+    makes a new one."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    with contextlib.suppress(AttributeError, OSError, TypeError):
+        os.close(server._forkserver_alive_fd)
+    with contextlib.suppress(AttributeError):
+        server._forkserver_alive_fd = None
 
 
 def _died(rank: int, exitcode: int | None) -> RankOutcome:

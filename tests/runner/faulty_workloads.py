@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,10 +43,17 @@ class _Faulty(nn.Module):
 
 
 def faulty(
-    fault: str = "raise", rank_to_fail: int = 1, seconds: float = 600.0, signal: str = "SIGKILL"
+    fault: str = "raise",
+    rank_to_fail: int = 1,
+    seconds: float = 600.0,
+    signal: str = "SIGKILL",
+    pid_dir: str | None = None,
 ) -> Workload:
     """The tiny gpt with ``fault`` (raise | sleep | kill: send itself ``signal``) at its second
-    forward on one rank."""
+    forward on one rank; built in a rank, it writes its process id into ``pid_dir``."""
+    if pid_dir is not None and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+        Path(pid_dir, f"rank{rank}").write_text(str(os.getpid()))
     base = resolve_workload("gpt", TINY_GPT)
     return Workload(_Faulty(base.model, fault, rank_to_fail, seconds, signal), base.make_batch)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from autotune.experiment import ExperimentResult, Status
 from autotune.runner import InProcessRunner, LocalRunner, local, run_local
 from autotune.runner.local import check_local_gpus
 from autotune.workloads import resolve_workload
+from tests.cli_process import alive, wait_until
 from tests.runner.specs import FAULTY, spec
 
 pytestmark = pytest.mark.multirank
@@ -224,3 +228,36 @@ def test_ctrl_c_as_ranks_start_waits_for_every_start_then_stops_them_all(
     with pytest.raises(KeyboardInterrupt):
         run_local(spec("interrupted"))
     assert len(started) == 2 and not any(process.is_alive() for process in started)
+
+
+_KILLED_DRIVER = """
+import sys
+from autotune.runner import run_local
+from tests.runner.specs import FAULTY, spec
+
+hang = {"fault": "sleep", "rank_to_fail": 0, "pid_dir": sys.argv[1]}
+run_local(spec("hang", FAULTY, hang, timeout_s=600))
+"""
+
+
+def test_a_driver_killed_with_sigkill_takes_its_ranks_with_it(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_DRIVER, str(tmp_path)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        assert wait_until(lambda: len(list(tmp_path.glob("rank*"))) == 2, timeout_s=120)
+        pids = [int(path.read_text()) for path in tmp_path.glob("rank*")]
+        driver.kill()
+        driver.wait()
+        assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout_s=20), (
+            "a rank outlived its driver's kill -9"
+        )
+    finally:
+        driver.kill()
+        for pid in filter(alive, pids):
+            os.kill(pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ import pytest
 from autotune.experiment import ExperimentResult, ExperimentSpec, Status
 from autotune.runner.outcome import RankOutcome
 from autotune.runner.ray_runner import RayRunner
+from tests.cli_process import alive
 from tests.runner.specs import stand_in, stand_in_rank
 
 pytestmark = pytest.mark.ray
@@ -58,14 +59,6 @@ class FailsToStart:
 
 def _fail_to_unpickle() -> FailsToStart:
     raise ModuleNotFoundError("No module named 'autotune.results.files'")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def wait_for(condition: object, timeout_s: float = 15.0) -> bool:
