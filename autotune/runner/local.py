@@ -187,7 +187,7 @@ def _run_once(
             target=_rank_main,
             args=(spec, rank, init_method, sender, _rank_environment(spec.cpus_per_rank)),
             name=f"autotune-{spec.name}-rank{rank}",
-            # Not a daemon: multiprocessing forbids a daemon children of its own, which a
+            # Not a daemon: multiprocessing forbids a daemon process children of its own, which a
             # script's data loader workers are. Every rank is stopped below whatever happens,
             # and dies with the driver (see _die_with_parent).
             daemon=False,
