@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU landscape, in one command on a machine with one GPU: a GPT of ~400M parameters
-# (GPT-2 medium's shape, untied head) in bf16, every ZeRO stage x the micro-batches up to the
-# largest that fits the budget, without and with activation checkpointing, repeated.
+# (GPT-2 medium's shape, untied head; LANDSCAPE_MODEL=large: GPT-2 large's, ~840M) in bf16,
+# every ZeRO stage x the micro-batches up to the largest that fits the budget, without and
+# with activation checkpointing, repeated.
 #
 #   bash experiments/gpu_landscape.sh [OUTPUT_DIR]
 #
@@ -28,10 +29,16 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi -L 2>/dev/null
 
-model=(-a n_layer=24 -a d_model=1024 -a n_head=16 -a seq_len=1024 -a vocab=50304)
+case ${LANDSCAPE_MODEL:-medium} in
+    medium) shape=(n_layer=24 d_model=1024 n_head=16) prefix=gpt350m ;;
+    large) shape=(n_layer=36 d_model=1280 n_head=20) prefix=gpt774m ;;
+    *) echo "LANDSCAPE_MODEL: medium or large, not ${LANDSCAPE_MODEL}" >&2; exit 2 ;;
+esac
+model=()
+for arg in "${shape[@]}" seq_len=1024 vocab=50304; do model+=(-a "$arg"); done
 code=0
 for ckpt in ${LANDSCAPE_CHECKPOINTING:-false true}; do
-    name=gpt350m_bf16$([ "$ckpt" = true ] && echo _ckpt)_${budget,,}
+    name=${prefix}_bf16$([ "$ckpt" = true ] && echo _ckpt)_${budget,,}
     # LANDSCAPE_SIZES / LANDSCAPE_SIZES_CKPT: measure these micro-batches instead of probing
     sizes=$([ "$ckpt" = true ] && echo "${LANDSCAPE_SIZES_CKPT:-}" || echo "${LANDSCAPE_SIZES:-}")
     python3 experiments/landscape.py --workload gpt "${model[@]}" \

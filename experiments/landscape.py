@@ -57,8 +57,9 @@ from autotune.bench.table import (
     tuning_config,
 )
 from autotune.config import load_config
+from autotune.config.knobs import MICRO_BATCH_KEY
 from autotune.config.sizes import parse_size
-from autotune.experiment import ExperimentResult
+from autotune.experiment import ExperimentResult, Status
 from autotune.job import TuningJob, experiment_spec
 from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Phase, Ranked, Tuner, build_space
@@ -133,20 +134,47 @@ def measure(
     configs: Mapping[str, Mapping[str, Any]],
     repeats: int,
     deadline: float = math.inf,
+    climb: bool = True,
 ) -> dict[str, list[ExperimentResult]]:
     """Every configuration ``repeats`` times, round by round, each round shuffled; no
-    experiment starts after ``deadline`` (``time.monotonic()``), so a round may be partial."""
+    experiment starts after ``deadline`` (``time.monotonic()``), so a round may be partial.
+
+    With ``climb``, the first round goes up the micro-batches (the variants interleaved). A
+    size at or above one of its variant's that ran out of memory is not run: it would fail
+    too, and a replay answers it so from the smaller size's failure (``TableRunner``). So
+    sizes given past the fit cost one failed experiment a variant, not one each."""
     from autotune.tuner import Candidate
 
     results: dict[str, list[ExperimentResult]] = {name: [] for name in configs}
     order = list(configs)
     rng = random.Random(0)
     started = time.monotonic()
+
+    def variant(name: str) -> tuple[tuple[str, Any], ...]:
+        overrides = configs[name]
+        return tuple(sorted((k, v) for k, v in overrides.items() if k != MICRO_BATCH_KEY))
+
+    def failed_below(name: str) -> bool:
+        size = configs[name].get(MICRO_BATCH_KEY, 0)
+        return any(
+            runs
+            and not runs[0].ok
+            and runs[0].status is Status.oom
+            and variant(other) == variant(name)
+            and configs[other].get(MICRO_BATCH_KEY, 0) <= size
+            for other, runs in results.items()
+            if other != name
+        )
+
     for round_index in range(repeats):
         rng.shuffle(order)
+        if climb and round_index == 0:
+            order.sort(key=lambda name: configs[name].get(MICRO_BATCH_KEY, 0))
         for done, name in enumerate(order, start=1):
             if results[name] and not results[name][0].ok:
                 continue  # an oom is measured once: it is not noise
+            if not results[name] and failed_below(name):
+                continue
             if time.monotonic() >= deadline:
                 print(f"time limit: stopped in round {round_index + 1}", flush=True)
                 return results
@@ -163,8 +191,9 @@ def measure(
     return results
 
 
-def extend(path: Path, rounds: int, runner_kind: str) -> None:
-    """Append ``rounds`` more rounds of every ok configuration to the table at ``path``."""
+def extend(path: Path, rounds: int, runner_kind: str, time_limit_s: float = math.inf) -> None:
+    """Append ``rounds`` more rounds of every ok configuration to the table at ``path``; no
+    experiment starts ``time_limit_s`` after the first (the last round may be partial)."""
     table = json.loads(path.read_text())
     how = table["how"]
     job = landscape_job(table)
@@ -172,9 +201,12 @@ def extend(path: Path, rounds: int, runner_kind: str) -> None:
     ok = {n: c["overrides"] for n, c in table["configs"].items() if c["status"] == "ok"}
     started = time.monotonic()
     with _runner(runner_kind, job) as runner:
-        measured = measure(job, info, runner, ok, rounds)
+        measured = measure(
+            job, info, runner, ok, rounds, deadline=started + time_limit_s, climb=False
+        )
     _append(table, measured)
-    how["repeats"] += rounds
+    counts = [len(table["configs"][name]["throughput"]) for name in ok]
+    how["repeats"], how["most_repeats"] = min(counts), max(counts)
     wall_s = round(time.monotonic() - started, 1)
     how["extended"] = [*how.get("extended", []), {"rounds": rounds, "at": _now(), "wall_s": wall_s}]
     path.write_text(json.dumps(table, indent=1) + "\n")
@@ -246,6 +278,32 @@ def refine(path: Path, rounds: int, runner_kind: str) -> None:
     print(f"refined {path}: {done} rounds, {len(unresolved(table))} still unresolved")
 
 
+def merge(path: Path, other: Path) -> None:
+    """Add to the table at ``path`` the configurations of the table at ``other`` (the same
+    workload, config and budget, measured in another session) that it lacks; ``how.sessions``
+    says which sizes came from which."""
+    table, extra = json.loads(path.read_text()), json.loads(other.read_text())
+    keys = ("workload", "workload_args", "world_size", "device_memory_bytes")
+    differ = [key for key in keys if table["how"].get(key) != extra["how"].get(key)]
+    if differ:
+        raise SystemExit(f"--merge {other}: not the same landscape as {path} ({', '.join(differ)})")
+    added = {n: c for n, c in extra["configs"].items() if n not in table["configs"]}
+    table["configs"].update(added)
+
+    def session(how: Mapping[str, Any], names: Any) -> dict[str, Any]:
+        configs = [table["configs"][n] for n in names]
+        sizes = sorted({c["overrides"][MICRO_BATCH_KEY] for c in configs if "overrides" in c})
+        return {"measured_at": how["measured_at"], "wall_s": how["wall_s"], "micro_batches": sizes}
+
+    how = table["how"]
+    how["sessions"] = how.get("sessions") or [session(how, set(table["configs"]) - set(added))]
+    how["sessions"].append(session(extra["how"], added))
+    counts = [len(c["throughput"]) for c in table["configs"].values() if c["status"] == "ok"]
+    how["repeats"], how["most_repeats"] = min(counts), max(counts)
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"merged {len(added)} configurations of {other} into {path}")
+
+
 def _append(table: dict[str, Any], measured: Mapping[str, list[ExperimentResult]]) -> None:
     for name, runs in measured.items():
         entry = table["configs"][name]
@@ -289,6 +347,9 @@ def main() -> None:
     parser.add_argument("--device-memory", help="per-rank budget, e.g. 96MiB")
     parser.add_argument("--extend", type=int, default=0, help="more rounds on an existing table")
     parser.add_argument(
+        "--merge", type=Path, help="add another session's table of the same landscape to --out"
+    )
+    parser.add_argument(
         "--refine", type=int, default=0, help="up to N more rounds on its unresolved top"
     )
     parser.add_argument("--max-micro-batch", type=int, default=64)
@@ -319,11 +380,13 @@ def main() -> None:
     parser.add_argument("--note", default="", help="conditions worth recording")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.extend or args.refine:
+    if args.extend or args.refine or args.merge:
         if not args.out.is_file():
-            parser.error(f"--out {args.out}: no landscape there to extend or refine")
+            parser.error(f"--out {args.out}: no landscape there to extend, refine or merge into")
+        if args.merge:
+            merge(args.out, args.merge)
         if args.extend:
-            extend(args.out, args.extend, args.runner)
+            extend(args.out, args.extend, args.runner, args.time_limit_s)
         if args.refine:
             refine(args.out, args.refine, args.runner)
         return
@@ -361,7 +424,8 @@ def main() -> None:
         print(f"{len(configs)} configurations x {args.repeats} repeats", flush=True)
         deadline = time.monotonic() + args.time_limit_s
         measured = measure(job, info, runner, configs, args.repeats, deadline=deadline)
-    rounds = [len(runs) for runs in measured.values() if runs and runs[0].ok]
+    measured = {name: runs for name, runs in measured.items() if runs}
+    rounds = [len(runs) for runs in measured.values() if runs[0].ok]
     table = {
         "format": LANDSCAPE_FORMAT,
         "how": {

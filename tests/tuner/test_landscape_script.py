@@ -129,3 +129,73 @@ def test_given_sizes_make_a_stage_by_size_grid_and_the_deadline_cuts_the_rounds(
     assert [len(runs) for runs in measured.values()] == [2, 2, 2]
     late = landscape.measure(job, info, runner, mine, repeats=2, deadline=0.0)
     assert runner.ran.count("z0_mbs4") == 2 and all(runs == [] for runs in late.values())
+
+
+class FitsUpTo:
+    """Micro-batches up to ``largest`` run (stage 2 one fewer); above, out of memory."""
+
+    def __init__(self, largest: int) -> None:
+        self.largest, self.ran = largest, []
+
+    def run(self, spec: ExperimentSpec) -> ExperimentResult:
+        self.ran.append(spec.name)
+        stage, size = (int(part) for part in spec.name[1:].split("_mbs"))
+        if size > self.largest - (stage == 2):
+            return ExperimentResult(spec.name, Status.oom, error="CUDA out of memory")
+        metrics = Metrics.from_window([8 / size], 8, 1e9, peak_memory_bytes=0)
+        return ExperimentResult(spec.name, Status.ok, metrics)
+
+
+def test_sizes_past_the_fit_cost_one_failed_experiment_a_variant(
+    landscape: ModuleType, tmp_path: Path
+) -> None:
+    from autotune.bench.table import landscape_job
+    from autotune.profiling.model_info import ModelInfo
+
+    path = tmp_path / "table.json"
+    write_table(path)
+    table = json.loads(path.read_text())
+    job, info = landscape_job(table), ModelInfo(**table["model_info"])
+    configs = landscape.sized_grid(job, info, [1, 2, 4, 5, 6, 7, 8])
+    runner = FitsUpTo(5)
+    measured = landscape.measure(job, info, runner, configs, repeats=2)
+    failed = [name for name in runner.ran if name.endswith(("mbs6", "mbs7", "mbs8"))]
+    # One failure a stage, where it first fails (stage 2 one size sooner), run once.
+    assert sorted(failed) == ["z0_mbs6", "z1_mbs6"] and runner.ran.count("z2_mbs5") == 1
+    assert all(len(measured[f"z{s}_mbs4"]) == 2 for s in (0, 1, 2))
+    assert measured["z2_mbs6"] == [] and len(measured["z0_mbs5"]) == 2
+
+
+def test_merging_adds_another_sessions_configurations_and_says_which_came_from_where(
+    landscape: ModuleType, tmp_path: Path
+) -> None:
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    for path, when in ((first, "morning"), (second, "evening")):
+        write_table(path)
+        table = json.loads(path.read_text())
+        table["how"] |= {"measured_at": when, "wall_s": 1.0}
+        path.write_text(json.dumps(table))
+    table = json.loads(second.read_text())
+    table["configs"] = {
+        "z0_mbs8": {
+            "overrides": {"zero_optimization.stage": 0, "train_micro_batch_size_per_gpu": 8},
+            "status": "oom",
+            "throughput": [],
+            "duration_s": [1.0],
+        },
+        "z0_mbs4": {**table["configs"]["z0_mbs4"], "throughput": [1.0]},  # first's is kept
+    }
+    second.write_text(json.dumps(table))
+    landscape.merge(first, second)
+    merged = json.loads(first.read_text())
+    assert merged["configs"]["z0_mbs8"]["status"] == "oom"
+    assert merged["configs"]["z0_mbs4"]["throughput"] == [100.0 * f for f in SPREAD]
+    sessions = merged["how"]["sessions"]
+    assert [(s["measured_at"], s["micro_batches"]) for s in sessions] == [
+        ("morning", [4]),
+        ("evening", [8]),
+    ]
+    table["how"]["world_size"] = 4
+    second.write_text(json.dumps(table))
+    with pytest.raises(SystemExit, match="world_size"):
+        landscape.merge(first, second)
