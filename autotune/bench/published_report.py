@@ -1,4 +1,4 @@
-"""``autotune plan`` held against published tables and the H200 landscape: what
+"""``autotune plan`` held against published tables and the H200 landscapes: what
 ``experiments/bench_cost_model.py`` prints and records (see its docstring)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,38 @@ from autotune.tuner.cost_model import CostModel, ModelShape, Topology, prior_for
 from autotune.tuner.hardware import CATALOG
 from autotune.tuner.plan import INTERVAL_Z, PlannedConfig
 
-LANDSCAPE = Path(__file__).resolve().parents[2] / "results" / "landscapes" / "gpu-20261127"
-# What the H200 landscape measured (its README): the largest micro-batch that fit per stage,
-# without and with activation checkpointing, and the allocator's slope a sample.
-LANDSCAPE_LARGEST = {False: (32, 32, 31, 31), True: (100, 100, 97, 95)}
-LANDSCAPE_BYTES_PER_SAMPLE = {False: 1.12e9, True: 0.36e9}
+LANDSCAPES = Path(__file__).resolve().parents[2] / "results" / "landscapes"
+
+
+@dataclass(frozen=True)
+class GpuLandscape:
+    """A landscape measured on an H200 (the built-in engine, one GPU, a 40 GiB budget, bf16)
+    and what its README read off it: the largest micro-batch that fit per stage and the
+    allocator's slope a sample, without (False) and with (True) activation checkpointing."""
+
+    name: str
+    tables: dict[bool, str]  # paths under results/landscapes/
+    largest: dict[bool, tuple[int, ...]]
+    bytes_per_sample: dict[bool, float]
+
+
+GPU_LANDSCAPES = (
+    GpuLandscape(
+        "GPT 406M (GPT-2 medium's shape)",
+        {
+            False: "gpu-20261127/gpt350m_bf16_40gib.json",
+            True: "gpu-20261127/gpt350m_bf16_ckpt_40gib.json",
+        },
+        {False: (32, 32, 31, 31), True: (100, 100, 97, 95)},
+        {False: 1.12e9, True: 0.36e9},
+    ),
+    GpuLandscape(
+        "GPT 838M (GPT-2 large's shape)",
+        {False: "gpu-20261128/gpt774m_bf16_40gib.json"},
+        {False: (16, 16, 15, 14)},
+        {False: 1.73e9},  # stage 0's peak from micro-batch 15 to 16
+    ),
+)
 # llm-foundry's larger_mb_1.md: MPT-7B on 8 x A100-80GB, seq 2048, accumulation 2, no
 # checkpointing: samples/s at each micro-batch.
 MPT_7B_SWEEP = {1: 26934 / 2048, 2: 32355 / 2048, 4: 36110 / 2048, 6: 37723 / 2048}
@@ -155,8 +182,9 @@ def _describe(row: PlannedConfig) -> dict[str, Any]:
     }
 
 
-def landscape_report() -> dict[str, Any]:
-    """The H200 landscape (held out): the built-in engine, one GPU, a 40 GiB budget."""
+def landscape_report(landscape: GpuLandscape) -> dict[str, Any]:
+    """An H200 landscape (held out): each measured configuration against the plan's 80%
+    interval, and the plan's largest fit and activations a sample against the measured."""
     import torch
 
     from autotune.config import load_config
@@ -167,8 +195,8 @@ def landscape_report() -> dict[str, Any]:
     from autotune.workloads import resolve_workload
 
     tables = {
-        False: json.loads((LANDSCAPE / "gpt350m_bf16_40gib.json").read_text()),
-        True: json.loads((LANDSCAPE / "gpt350m_bf16_ckpt_40gib.json").read_text()),
+        checkpointed: json.loads((LANDSCAPES / path).read_text())
+        for checkpointed, path in landscape.tables.items()
     }
     how = tables[False]["how"]
     args = {k: v for k, v in how["workload_args"].items() if k != "activation_checkpointing"}
@@ -201,21 +229,20 @@ def landscape_report() -> dict[str, Any]:
                     "covered": at["low"] <= measured <= at["high"],
                 }
             )
-        largest[checkpointed] = [
+        largest[str(checkpointed)] = [
             estimate_memory(
                 info, config, stage, False, budget, activation_checkpointing=checkpointed
             ).max_micro_batch_size(1024)
             for stage in range(4)
         ]
     return {
+        "model": landscape.name,
         "points": points,
-        "largest_fit": {str(k): v for k, v in largest.items()},
-        "measured_largest_fit": {str(k): list(v) for k, v in LANDSCAPE_LARGEST.items()},
+        "largest_fit": largest,
+        "measured_largest_fit": {str(k): list(v) for k, v in landscape.largest.items()},
         "bytes_per_sample": {
-            "counted": info.step_bytes(False),
-            "counted_checkpointed": info.step_bytes(True),
-            "measured": LANDSCAPE_BYTES_PER_SAMPLE[False],
-            "measured_checkpointed": LANDSCAPE_BYTES_PER_SAMPLE[True],
+            "counted": {str(c): info.step_bytes(c) for c in landscape.tables},
+            "measured": {str(c): v for c, v in landscape.bytes_per_sample.items()},
         },
     }
 
@@ -354,26 +381,26 @@ def print_published() -> dict[str, Any]:
     print("\n2c. held out (not fitted): DeepSpeed autotuning, 16 x V100-32GB")
     held_out = [deepspeed_report(t) for t in deepspeed_tables("held-out")]
     held_covered = _print_deepspeed(held_out)
-    print("2d. held out: the H200 landscape (built-in engine, 1 GPU, 40 GiB, bf16)")
-    landscape = landscape_report()
-    for point in landscape["points"]:
-        held_covered.append(point["covered"])
-        print(
-            f"  {point['name']:14s} measured {point['measured']:6.1f}  predicted "
-            f"{point['throughput']:6.1f} ({point['low']:.0f}-{point['high']:.0f})  ratio "
-            f"{point['throughput'] / point['measured']:.2f}"
-        )
-    print(
-        f"  largest fit per stage: plan {landscape['largest_fit']['False']} / checkpointed "
-        f"{landscape['largest_fit']['True']}; measured {list(LANDSCAPE_LARGEST[False])} / "
-        f"{list(LANDSCAPE_LARGEST[True])}"
-    )
-    bytes_ = landscape["bytes_per_sample"]
-    print(
-        f"  activations a sample: counted {bytes_['counted'] / 1e9:.2f} GB "
-        f"({bytes_['counted_checkpointed'] / 1e9:.2f} checkpointed), measured "
-        f"{bytes_['measured'] / 1e9:.2f} ({bytes_['measured_checkpointed'] / 1e9:.2f})"
-    )
+    print("2d. held out: the H200 landscapes (built-in engine, 1 GPU, 40 GiB, bf16)")
+    landscapes = [landscape_report(landscape) for landscape in GPU_LANDSCAPES]
+    for landscape in landscapes:
+        print(f"  {landscape['model']}")
+        for point in landscape["points"]:
+            held_covered.append(point["covered"])
+            print(
+                f"  {point['name']:14s} measured {point['measured']:6.1f}  predicted "
+                f"{point['throughput']:6.1f} ({point['low']:.0f}-{point['high']:.0f})  ratio "
+                f"{point['throughput'] / point['measured']:.2f}"
+            )
+        plan, measured = landscape["largest_fit"], landscape["measured_largest_fit"]
+        counted, slope = (landscape["bytes_per_sample"][k] for k in ("counted", "measured"))
+        for checkpointed in plan:
+            how = "checkpointed" if checkpointed == "True" else "not checkpointed"
+            print(
+                f"  {how}: largest fit per stage: plan {plan[checkpointed]}, measured "
+                f"{measured[checkpointed]}; activations a sample: counted "
+                f"{counted[checkpointed] / 1e9:.2f} GB, measured {slope[checkpointed] / 1e9:.2f}"
+            )
     print(f"held-out coverage of the 80% interval: {_coverage(held_covered)}")
     print(
         "2e. held out: memory per GPU of published Llama runs (GiB) against the plan of "
@@ -383,5 +410,9 @@ def print_published() -> dict[str, Any]:
     _print_llama_memory(llama)
     return {
         "calibration": {"deepspeed": calibration, "llm_foundry": mpt, "mpt_7b_sweep": sweep},
-        "held_out": {"deepspeed": held_out, "h200_landscape": landscape, "llama_memory": llama},
+        "held_out": {
+            "deepspeed": held_out,
+            "h200_landscapes": landscapes,
+            "llama_memory": llama,
+        },
     }

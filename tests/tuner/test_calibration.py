@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 
+from autotune.bench.published_report import GPU_LANDSCAPES, GpuLandscape, landscape_report
 from autotune.tuner.calibration import (
     CalibrationRow,
     calibrate,
@@ -156,3 +157,19 @@ def test_a_published_llama_row_is_planned_at_its_stage_size_and_checkpointing() 
     assert config.gradient_accumulation_steps == row.grad_accum
     assert config.activation_checkpointing.enabled is row.activation_checkpointing
     assert config.precision == "bf16" and config.autotuning.engine.value == "deepspeed"
+
+
+@pytest.mark.parametrize("landscape", GPU_LANDSCAPES, ids=lambda landscape: landscape.name[:8])
+def test_the_h200_landscapes_lie_inside_the_plans_interval_and_its_fits_are_safe(
+    landscape: GpuLandscape,
+) -> None:
+    """Held out: nothing was fitted on the H200. The plan must bracket what it measured and
+    never call fitting a size that did not fit (it may stop short, by a quarter at most: it
+    keeps a margin)."""
+    report = landscape_report(landscape)
+    covered = [point["covered"] for point in report["points"]]
+    assert len(covered) >= 24 and sum(covered) >= 0.9 * len(covered)
+    for checkpointed, plan in report["largest_fit"].items():
+        measured = report["measured_largest_fit"][checkpointed]
+        assert all(p <= m for p, m in zip(plan, measured, strict=True)), (plan, measured)
+        assert all(p >= 0.75 * m for p, m in zip(plan, measured, strict=True)), (plan, measured)
