@@ -28,6 +28,7 @@ from autotune.profiling.model_info import ModelInfo
 from autotune.tuner import Tuner
 from autotune.tuner.hardware import CATALOG
 from autotune.tuner.ranking import Ranked
+from autotune.tuner.warm_start import WarmStart
 
 LANDSCAPE_FORMAT = 1
 # The benchmark's line: a tuner's choice counts when within 2% of the table's best.
@@ -215,8 +216,35 @@ class TableRunner:
         throughput = median * rng.choice(self._noise)
         batch = int(spec.ds_config.get("train_batch_size") or 1)
         step_s = batch / throughput
-        metrics = Metrics.from_window([step_s], batch, 0.0, entry.get("peak_memory_bytes") or 0)
+        peak = self._peak_memory(spec.repeat_of or spec.name) or entry.get("peak_memory_bytes")
+        metrics = Metrics.from_window([step_s], batch, 0.0, peak or 0)
         return ExperimentResult(spec.name, Status.ok, metrics, timings=timings)
+
+    def _peak_memory(self, name: str) -> int | None:
+        """The peak memory of ``name``: measured, or at a size the table did not measure,
+        interpolated linearly between the nearest sizes measured either side (memory grows
+        linearly with the micro-batch; a tuner that reads peaks to find the largest fit
+        must not see a step the GPU would not show). None where it cannot be interpolated."""
+        if name in self._configs:
+            return self._configs[name].get("peak_memory_bytes")
+        match = _SIZE.search(name)
+        if match is None:
+            return None
+        size = int(match["size"])
+        peaks = {
+            int(m["size"]): peak
+            for other, entry in self._configs.items()
+            if (m := _SIZE.search(other)) is not None
+            and other[: m.start()] + other[m.end() :] == name[: match.start()] + name[match.end() :]
+            and (peak := entry.get("peak_memory_bytes"))
+        }
+        below = [s for s in peaks if s < size]
+        above = [s for s in peaks if s > size]
+        if not below or not above:
+            return None
+        low, high = max(below), min(above)
+        share = (size - low) / (high - low)
+        return round(peaks[low] + share * (peaks[high] - peaks[low]))
 
     def __enter__(self) -> TableRunner:
         return self
@@ -234,12 +262,16 @@ class Replay:
         names: the experiments run, in order.
         final: the median of the configuration the tuner declared best (None: none ran ok).
         best: the table's best median.
+        cost_model: ``model_based``'s cost model as last fitted (as ``summary.json`` keeps it).
+        answer: the overrides of the configuration the tuner declared best.
     """
 
     values: tuple[float | None, ...]
     final: float | None
     best: float
     names: tuple[str, ...] = ()
+    cost_model: Mapping[str, Any] | None = None
+    answer: Mapping[str, Any] | None = None
 
     def experiments_to(self, fraction: float) -> int | None:
         """Experiments run until one was worth ``fraction`` of the best (None: never)."""
@@ -266,8 +298,15 @@ def landscape_job(table: Mapping[str, Any], **autotuning: Any) -> TuningJob:
     )
 
 
-def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: Any) -> Replay:
-    """Tune the table's job with ``tuner_type`` against the table (``seed`` seeds both).
+def replay(
+    table: Mapping[str, Any],
+    tuner_type: str,
+    seed: int,
+    warm_start: WarmStart | None = None,
+    **autotuning: Any,
+) -> Replay:
+    """Tune the table's job with ``tuner_type`` against the table (``seed`` seeds both),
+    ``model_based`` warm-started as ``autotune serve`` starts a job after others.
 
     ``autotuning`` overrides keys of the table's ``autotuning`` section.
     """
@@ -278,13 +317,22 @@ def replay(table: Mapping[str, Any], tuner_type: str, seed: int, **autotuning: A
         ModelInfo(**table["model_info"]),
         device_memory_bytes=job.memory_budget,
         hardware=CATALOG[simulated["hardware"]] if simulated else None,
+        warm_start=warm_start,
     )
     runner = TableRunner(table, seed)
-    values, names = [], []
+    values, names, overrides = [], [], {}
     while (candidate := tuner.ask()) is not None:
         tuner.tell(runner.run(experiment_spec(job, candidate, flops_per_sample=None)))
         values.append(runner.value(candidate.name))
         names.append(candidate.name)
-    best = tuner.summary().best
-    final = runner.value(best.name) if best is not None else None
-    return Replay(tuple(values), final, runner.best_value, tuple(names))
+        overrides[candidate.name] = dict(candidate.overrides)
+    summary = tuner.summary()
+    best = summary.best
+    return Replay(
+        tuple(values),
+        runner.value(best.name) if best is not None else None,
+        runner.best_value,
+        tuple(names),
+        summary.cost_model,
+        overrides.get(best.name) if best is not None else None,
+    )
