@@ -13,6 +13,10 @@ as a share of the best.
 
     python experiments/bench_tuner.py [--seeds 100] [--out results/bench_tuner_replay.json]
 
+``--warm-from TABLE`` adds ``model_based`` warm-started from a replay on another landscape
+(the constants it fitted and its answer), as ``autotune serve`` starts a job on hardware an
+earlier job tuned: does what one model taught help the next?
+
 **Real** (``--real``): runs the built-in gpt workload at world size 2 over the full
 (``fast: false``) space three times, with gridsearch (every point), random and model_based
 (each capped at a quarter of the grid's size), and reports for each: experiments and wall time
@@ -47,6 +51,7 @@ from autotune.experiment import ExperimentResult
 from autotune.job import TuningJob, experiment_spec
 from autotune.tuner import Candidate, Ranked, rank, repeat_name
 from autotune.tuner.ranking import relative_noise
+from autotune.tuner.warm_start import WarmStart
 from autotune.tuning import Runner, TuningEvent, tune
 
 TARGET = 0.97
@@ -259,10 +264,27 @@ def replay_summary(runs: Sequence[Replay]) -> dict[str, Any]:
     }
 
 
-def replay_landscape(table: Mapping[str, Any], seeds: Iterable[int]) -> dict[str, dict[str, Any]]:
-    """Every tuner over ``seeds`` on one landscape."""
+def replay_landscape(
+    table: Mapping[str, Any],
+    seeds: Iterable[int],
+    warm_from: tuple[str, Mapping[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Every tuner over ``seeds`` on one landscape; with ``warm_from`` (a name and another
+    table), ``model_based`` warm-started too, as ``autotune serve`` starts a job on hardware
+    an earlier job tuned: each seed from what a replay of the other table with that seed
+    fitted and answered."""
     seeds = list(seeds)
-    return {t: replay_summary([replay(table, t, seed) for seed in seeds]) for t in TUNERS}
+    rows = {t: replay_summary([replay(table, t, seed) for seed in seeds]) for t in TUNERS}
+    if warm_from is not None:
+        name, earlier = warm_from
+        runs = []
+        for seed in seeds:
+            before = replay(earlier, "model_based", seed)
+            answers = (before.answer,) if before.answer is not None else ()
+            warm = WarmStart(cost_model=before.cost_model, answers=answers)
+            runs.append(replay(table, "model_based", seed, warm_start=warm))
+        rows[f"model_based, warm from {name}"] = replay_summary(runs)
+    return rows
 
 
 def landscape_shape(table: Mapping[str, Any]) -> dict[str, Any]:
@@ -365,11 +387,14 @@ def main_replay(args: argparse.Namespace) -> None:
         for model in MODELS.values():
             for hardware in SIMULATED_HARDWARE:
                 tables[f"sim {model.name} 8x{hardware}"] = simulated_landscape(model, hardware)
+    warm_from = None
+    if args.warm_from is not None:
+        warm_from = (args.warm_from.stem, json.loads(args.warm_from.read_text()))
     results = {}
     for name, table in tables.items():
         results[name] = {
             "shape": landscape_shape(table),
-            "tuners": replay_landscape(table, range(args.seeds)),
+            "tuners": replay_landscape(table, range(args.seeds), warm_from),
         }
     print_replay(results)
     print()
@@ -388,6 +413,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="replay: GPU-shaped simulated landscapes too",
+    )
+    parser.add_argument(
+        "--warm-from",
+        type=Path,
+        help="replay: model_based warm-started from a replay on this table too (its fitted "
+        "constants and answer, as the service passes them from an earlier job)",
     )
     parser.add_argument("--runner", choices=["ray", "local"], default="ray")
     parser.add_argument("--out", type=Path, default=None)

@@ -53,6 +53,14 @@ def test_sizes_the_measurement_did_not_visit_follow_memory_and_interpolate() -> 
         runner.value("z1_mbs6_oc1")  # above what ran with these knobs or without, no failure
 
 
+def test_the_peak_memory_of_a_size_not_measured_lies_on_the_line_between_its_neighbours() -> None:
+    table = json.loads(json.dumps(TABLE))
+    table["configs"]["z1_mbs2"]["peak_memory_bytes"] = 2_000
+    table["configs"]["z1_mbs4"]["peak_memory_bytes"] = 3_000
+    result = TableRunner(table).run(job_spec("z1_mbs3", {"train_batch_size": 6}))
+    assert result.metrics is not None and result.metrics.peak_memory_bytes == 2_500
+
+
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.stem for p in LANDSCAPES])
 def test_on_real_measurements_the_search_finds_each_stages_largest_micro_batch(
     path: Path,
@@ -134,3 +142,16 @@ def test_model_based_replays_a_gpu_shaped_landscape_deterministically_and_cheapl
     grid = replay(table, "gridsearch", seed=3)
     assert first.ends_within(0.98) and grid.ends_within(0.98)
     assert len(first.names) < len(grid.names) / 2
+
+
+def test_a_replay_warm_started_from_another_measures_its_answer_first() -> None:
+    from autotune.bench.simulated import MODELS, simulated_landscape
+    from autotune.tuner.warm_start import WarmStart
+
+    table = simulated_landscape(MODELS["gpt-1.3b"], "a100-80gb", seed=0)
+    before = replay(table, "model_based", seed=3)
+    assert before.cost_model is not None and before.answer is not None
+    warm = WarmStart(cost_model=before.cost_model, answers=(before.answer,))
+    after = replay(table, "model_based", seed=4, warm_start=warm)
+    assert after.values[0] == before.final  # the answer's median: it ran first
+    assert after.ends_within(0.98)
