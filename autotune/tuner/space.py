@@ -57,6 +57,16 @@ class Variant:
     stage: int
     offload_optimizer: bool = False
     activation_checkpointing: bool = False
+    # A decision of model_based hashes variants some 100,000 times (the keys of its search):
+    # hashed once, here, not field by field each time.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = (self.stage, self.offload_optimizer, self.activation_checkpointing)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def label(self) -> str:

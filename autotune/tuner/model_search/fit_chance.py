@@ -85,14 +85,18 @@ class FitChance:
                     if other == variant or self._holds_less(other, variant, size):
                         fails_at.setdefault((variant, knobs), []).append(size)
         probabilities = np.ones(len(indices))
-        for position, i in enumerate(indices):
-            variant, size, knobs = self._index.keys[i]
-            largest_ok = fits_at[variant]
-            if largest_ok >= size:
-                continue
+        position_of = {i: position for position, i in enumerate(indices)}
+        keys = self._index.keys
+        # Group by group: thousands of configurations share a few variants and knob points.
+        for (variant, knobs), members in self._index.groups.items():
+            largest_ok, boundary = fits_at[variant], boundaries[variant]
             failed = fails_at.get((variant, knobs), ())
             smallest_oom = min((s for s in failed if s > largest_ok), default=None)
-            probabilities[position] = _beyond(size, largest_ok, smallest_oom, boundaries[variant])
+            for i in members:
+                position = position_of.get(i)
+                size = keys[i][1]
+                if position is not None and size > largest_ok:
+                    probabilities[position] = _beyond(size, largest_ok, smallest_oom, boundary)
         return probabilities
 
     def _holds_less(self, variant: Variant, other: Variant, size: int) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from autotune.config import Metric
 from autotune.tuner.cost_model import CostModel
@@ -19,9 +19,9 @@ OPTIMISM_Z = 1.28
 MIN_FIT_PROBABILITY = 0.25
 
 
-@dataclass(frozen=True)
-class Scored:
-    """A configuration not yet measured, as the model sees it now.
+class Scored(NamedTuple):
+    """A configuration not yet measured, as the model sees it now (a named tuple: a decision
+    makes one for each of thousands of configurations, and a tuple is made in C).
 
     Attributes:
         name: its name.

@@ -220,9 +220,11 @@ class ModelSearch:
         fits = self._chance.probabilities(indices)
         dominated = self._dominated(indices) | self._far_below_what_fits(indices, fits)
         fit_probability = np.where(dominated, 0.0, fits)
+        names, keys = self._index.names, self._index.keys
+        columns = (column.tolist() for column in (mean, sd, fit_probability, gain, gain_sd))
         return [
-            Scored(self._index.names[i], self._index.keys[i], *map(float, values))
-            for i, *values in zip(indices, mean, sd, fit_probability, gain, gain_sd, strict=True)
+            Scored(names[i], keys[i], m, s, f, g, g_sd)
+            for i, m, s, f, g, g_sd in zip(indices, *columns, strict=True)
         ]
 
     def predicted(self, names: Sequence[str]) -> dict[str, float]:
@@ -313,11 +315,28 @@ class ModelSearch:
             measured.setdefault((entry.variant, entry.knobs), []).append(entry.micro_batch_size)
         lower = self._metric.lower_is_better
         dominated = np.zeros(len(indices), dtype=bool)
-        for position, i in enumerate(indices):
-            variant, size, knobs = self._index.keys[i]
-            sizes = measured.get((variant, knobs), ())
-            dominated[position] = any((s <= size) if lower else (s >= size) for s in sizes)
+        for group, present in self._present_by_group(indices).items():
+            sizes = measured.get(group)
+            if not sizes:
+                continue
+            bound = min(sizes) if lower else max(sizes)
+            for position, size in present:
+                dominated[position] = size >= bound if lower else size <= bound
         return dominated
+
+    def _present_by_group(
+        self, indices: list[int]
+    ) -> dict[tuple[Variant, Knobs], list[tuple[int, int]]]:
+        """``indices``' positions and micro-batches, by variant and knobs (a decision scores
+        thousands of configurations of a few groups: each group's lookups are made once)."""
+        position_of = {i: position for position, i in enumerate(indices)}
+        keys = self._index.keys
+        grouped = {}
+        for group, members in self._index.groups.items():
+            present = [(position_of[i], keys[i][1]) for i in members if i in position_of]
+            if present:
+                grouped[group] = present
+        return grouped
 
     def _far_below_what_fits(self, indices: list[int], fits: np.ndarray) -> np.ndarray:
         """Configurations at under half the largest micro-batch of their variant and knobs
@@ -327,14 +346,10 @@ class ModelSearch:
         far = np.zeros(len(indices), dtype=bool)
         if self._metric.lower_is_better:
             return far
-        largest: dict[tuple[Variant, Knobs], int] = {}
-        for position, i in enumerate(indices):
-            variant, size, knobs = self._index.keys[i]
-            if fits[position] >= 0.5:
-                largest[(variant, knobs)] = max(largest.get((variant, knobs), 0), size)
-        for position, i in enumerate(indices):
-            variant, size, knobs = self._index.keys[i]
-            far[position] = 2 * size < largest.get((variant, knobs), 0)
+        for present in self._present_by_group(indices).values():
+            largest = max((size for position, size in present if fits[position] >= 0.5), default=0)
+            for position, size in present:
+                far[position] = 2 * size < largest
         return far
 
     def _at_the_edge(self, variant: Variant, result: ExperimentResult) -> bool:
