@@ -7,6 +7,7 @@ import doctest
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -74,6 +75,17 @@ def write_table(path: Path) -> None:
     path.write_text(json.dumps({"how": how, "model_info": model_info, "configs": configs}))
 
 
+def table_job(tmp_path: Path) -> tuple[Any, Any]:
+    """The job and model info of the table :func:`write_table` writes."""
+    from autotune.bench.table import landscape_job
+    from autotune.profiling.model_info import ModelInfo
+
+    path = tmp_path / "table.json"
+    write_table(path)
+    table = json.loads(path.read_text())
+    return landscape_job(table), ModelInfo(**table["model_info"])
+
+
 def test_refining_measures_only_the_unresolved_top_until_it_is_resolved(
     landscape: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,13 +125,7 @@ def test_the_examples_in_the_script_hold(landscape: ModuleType) -> None:
 def test_given_sizes_make_a_stage_by_size_grid_and_the_deadline_cuts_the_rounds(
     landscape: ModuleType, tmp_path: Path
 ) -> None:
-    from autotune.bench.table import landscape_job
-    from autotune.profiling.model_info import ModelInfo
-
-    path = tmp_path / "table.json"
-    write_table(path)
-    table = json.loads(path.read_text())
-    job, info = landscape_job(table), ModelInfo(**table["model_info"])
+    job, info = table_job(tmp_path)
     configs = landscape.sized_grid(job, info, [2, 4])
     assert sorted(configs) == sorted(f"z{s}_mbs{m}" for s in (0, 1, 2) for m in (2, 4))
     assert configs["z1_mbs2"]["train_micro_batch_size_per_gpu"] == 2
@@ -149,13 +155,7 @@ class FitsUpTo:
 def test_sizes_past_the_fit_cost_one_failed_experiment_a_variant(
     landscape: ModuleType, tmp_path: Path
 ) -> None:
-    from autotune.bench.table import landscape_job
-    from autotune.profiling.model_info import ModelInfo
-
-    path = tmp_path / "table.json"
-    write_table(path)
-    table = json.loads(path.read_text())
-    job, info = landscape_job(table), ModelInfo(**table["model_info"])
+    job, info = table_job(tmp_path)
     configs = landscape.sized_grid(job, info, [1, 2, 4, 5, 6, 7, 8])
     runner = FitsUpTo(5)
     measured = landscape.measure(job, info, runner, configs, repeats=2)
