@@ -380,9 +380,13 @@ def markdown_replay(results: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def main_replay(args: argparse.Namespace) -> None:
-    tables = {
-        path.stem: json.loads(path.read_text()) for path in sorted(args.landscapes.glob("*.json"))
-    }
+    tables = {}
+    for path in sorted(args.landscapes.glob("*.json")):
+        table = json.loads(path.read_text())
+        if not {"how", "configs"} <= set(table):  # e.g. an earlier --out written beside them
+            print(f"skipped {path}: not a landscape table (no 'how' and 'configs')")
+            continue
+        tables[path.stem] = table
     if args.simulated:  # GPU-shaped, beside the measured CPU ones (autotune.bench.simulated)
         for model in MODELS.values():
             for hardware in SIMULATED_HARDWARE:

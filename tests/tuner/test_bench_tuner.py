@@ -120,3 +120,24 @@ def test_a_landscapes_shape_says_what_ending_within_2pct_costs(bench: ModuleType
     assert shape["best_margin"] == pytest.approx(math.log(100 / 97))
     # Two medians 3% apart at ±10% a measurement: about 2 (1.28 x 1.25 x 0.1 / 0.03)^2 each.
     assert 50 <= shape["repeats_to_separate"] <= 70
+
+
+def test_the_replay_reads_only_landscape_tables_and_adds_the_warm_row(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import json
+    import shutil
+
+    table = Path(__file__).resolve().parents[2] / "results" / "landscapes" / "mlp_wide_256mib.json"
+    folder = tmp_path / "landscapes"
+    folder.mkdir()
+    shutil.copy(table, folder)
+    (folder / "earlier_out.json").write_text('{"within": 0.98, "landscapes": {}}')
+    out = tmp_path / "replay.json"
+    args = argparse.Namespace(landscapes=folder, simulated=False, seeds=1, warm_from=table, out=out)
+    bench.main_replay(args)
+    assert "skipped" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["landscapes"]["mlp_wide_256mib"]["tuners"]
+    assert list(rows) == [*bench.TUNERS, "model_based, warm from mlp_wide_256mib"]
+    assert rows["model_based, warm from mlp_wide_256mib"]["seeds"] == 1
