@@ -156,12 +156,7 @@ class TableRunner:
         if match is None:
             raise MissingMeasurement(f"the landscape has no measurement of {base}")
         size = int(match["size"])
-        siblings = {
-            int(m["size"]): other
-            for other in self._configs
-            if (m := _SIZE.search(other)) is not None
-            and other[: m.start()] + other[m.end() :] == base[: match.start()] + base[match.end() :]
-        }
+        siblings = self._siblings(base)
         failed = [s for s, other in siblings.items() if s < size and other not in self._medians]
         if failed:
             return self._configs[siblings[max(failed)]], None
@@ -220,6 +215,19 @@ class TableRunner:
         metrics = Metrics.from_window([step_s], batch, 0.0, peak or 0)
         return ExperimentResult(spec.name, Status.ok, metrics, timings=timings)
 
+    def _siblings(self, name: str) -> dict[int, str]:
+        """The table's configurations that differ from ``name`` in the micro-batch only, by
+        micro-batch (``name`` must hold one)."""
+        match = _SIZE.search(name)
+        assert match is not None
+        rest = name[: match.start()] + name[match.end() :]
+        return {
+            int(m["size"]): other
+            for other in self._configs
+            if (m := _SIZE.search(other)) is not None
+            and other[: m.start()] + other[m.end() :] == rest
+        }
+
     def _peak_memory(self, name: str) -> int | None:
         """The peak memory of ``name``: measured, or at a size the table did not measure,
         interpolated linearly between the nearest sizes measured either side (memory grows
@@ -232,11 +240,9 @@ class TableRunner:
             return None
         size = int(match["size"])
         peaks = {
-            int(m["size"]): peak
-            for other, entry in self._configs.items()
-            if (m := _SIZE.search(other)) is not None
-            and other[: m.start()] + other[m.end() :] == name[: match.start()] + name[match.end() :]
-            and (peak := entry.get("peak_memory_bytes"))
+            other_size: peak
+            for other_size, other in self._siblings(name).items()
+            if (peak := self._configs[other].get("peak_memory_bytes"))
         }
         below = [s for s in peaks if s < size]
         above = [s for s in peaks if s > size]

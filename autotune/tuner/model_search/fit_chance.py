@@ -85,17 +85,12 @@ class FitChance:
                     if other == variant or self._holds_less(other, variant, size):
                         fails_at.setdefault((variant, knobs), []).append(size)
         probabilities = np.ones(len(indices))
-        position_of = {i: position for position, i in enumerate(indices)}
-        keys = self._index.keys
-        # Group by group: thousands of configurations share a few variants and knob points.
-        for (variant, knobs), members in self._index.groups.items():
+        for (variant, knobs), present in self._index.present_by_group(indices).items():
             largest_ok, boundary = fits_at[variant], boundaries[variant]
             failed = fails_at.get((variant, knobs), ())
             smallest_oom = min((s for s in failed if s > largest_ok), default=None)
-            for i in members:
-                position = position_of.get(i)
-                size = keys[i][1]
-                if position is not None and size > largest_ok:
+            for position, size in present:
+                if size > largest_ok:
                     probabilities[position] = _beyond(size, largest_ok, smallest_oom, boundary)
         return probabilities
 

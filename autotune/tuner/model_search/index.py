@@ -89,6 +89,20 @@ class SpaceIndex:
     rows: np.ndarray | None
     base: dict[str, Any]
 
+    def present_by_group(
+        self, indices: list[int]
+    ) -> dict[tuple[Variant, Knobs], list[tuple[int, int]]]:
+        """``indices``' positions in that list and micro-batches, by variant and knobs: a
+        decision scores thousands of configurations of a few groups, so each group's lookups
+        are made once."""
+        position_of = {i: position for position, i in enumerate(indices)}
+        grouped = {}
+        for group, members in self.groups.items():
+            present = [(position_of[i], self.keys[i][1]) for i in members if i in position_of]
+            if present:
+                grouped[group] = present
+        return grouped
+
     @classmethod
     def build(
         cls,

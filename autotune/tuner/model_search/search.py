@@ -315,7 +315,7 @@ class ModelSearch:
             measured.setdefault((entry.variant, entry.knobs), []).append(entry.micro_batch_size)
         lower = self._metric.lower_is_better
         dominated = np.zeros(len(indices), dtype=bool)
-        for group, present in self._present_by_group(indices).items():
+        for group, present in self._index.present_by_group(indices).items():
             sizes = measured.get(group)
             if not sizes:
                 continue
@@ -323,20 +323,6 @@ class ModelSearch:
             for position, size in present:
                 dominated[position] = size >= bound if lower else size <= bound
         return dominated
-
-    def _present_by_group(
-        self, indices: list[int]
-    ) -> dict[tuple[Variant, Knobs], list[tuple[int, int]]]:
-        """``indices``' positions and micro-batches, by variant and knobs (a decision scores
-        thousands of configurations of a few groups: each group's lookups are made once)."""
-        position_of = {i: position for position, i in enumerate(indices)}
-        keys = self._index.keys
-        grouped = {}
-        for group, members in self._index.groups.items():
-            present = [(position_of[i], keys[i][1]) for i in members if i in position_of]
-            if present:
-                grouped[group] = present
-        return grouped
 
     def _far_below_what_fits(self, indices: list[int], fits: np.ndarray) -> np.ndarray:
         """Configurations at under half the largest micro-batch of their variant and knobs
@@ -346,7 +332,7 @@ class ModelSearch:
         far = np.zeros(len(indices), dtype=bool)
         if self._metric.lower_is_better:
             return far
-        for present in self._present_by_group(indices).values():
+        for present in self._index.present_by_group(indices).values():
             largest = max((size for position, size in present if fits[position] >= 0.5), default=0)
             for position, size in present:
                 far[position] = 2 * size < largest
