@@ -1,10 +1,15 @@
 """A DeepSpeed script shaped like DeepSpeed's ``tests/small_model_debugging/test_model.py``:
 ``initialize(args=..., dist_init_required=True)`` makes the process group, a few steps over a
-DistributedSampler, and the script ends without destroying the group, as most do."""
+DistributedSampler, and the script ends without destroying the group, as most do.
+
+An exit handler registered before ``initialize`` runs after every handler registered in it
+(they run last registered first) and prints whether the process group is still up then: the
+state interpreter shutdown would find."""
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import tempfile
@@ -29,6 +34,14 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", type=int, default=0)
 parser.add_argument("--zero", type=int, default=0)
 args = parser.parse_args()
+
+
+def report_group_at_exit() -> None:
+    up = torch.distributed.is_initialized()
+    print(f"rank {os.environ['RANK']} group up at exit: {up}", flush=True)
+
+
+atexit.register(report_group_at_exit)
 config = {
     "train_batch_size": 8,
     "steps_per_print": 1,

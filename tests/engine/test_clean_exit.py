@@ -14,31 +14,28 @@ from autotune.engine import launch
 from tests.torchrun import free_port, torchrun
 
 EXIT_SCRIPT = Path(__file__).parent / "exit_script.py"
-# Before the fix 9 launches of 2 ranks in 20 aborted: a rank survived with probability
-# 0.55^(1/2). Four launches of 4 ranks, one a stage, end 16 ranks as eight launches of 2 did,
-# so they miss a regression with the same probability, 0.55^8 < 1%, with 20 processes
-# importing torch rather than 24 (each launch's own process imports it too).
-RANKS = 4
+# Before the fix 9 launches of 2 ranks in 20 aborted at interpreter shutdown, where
+# torch's gloo tore down the live group; whether a launch aborts is chance, whether the group
+# is gone by then is not: the script's own exit handler, run after autotune's, reports it on
+# every rank. Stages 0 and 3: the fewest and the most hooks and buffers an engine holds.
+STAGES, RANKS = (0, 3), 2
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 @pytest.mark.multirank
 @pytest.mark.slow
-def test_a_script_that_never_destroys_its_group_exits_cleanly_at_every_stage() -> None:
-    runs = list(range(4))
-    with ThreadPoolExecutor(max_workers=2) as pool:
+def test_a_script_that_never_destroys_its_group_finds_it_gone_at_exit_and_exits_0() -> None:
+    with ThreadPoolExecutor(max_workers=len(STAGES)) as pool:
         done = list(
             pool.map(
-                lambda stage: torchrun(str(EXIT_SCRIPT), "--zero", str(stage), nproc=RANKS), runs
+                lambda stage: torchrun(str(EXIT_SCRIPT), "--zero", str(stage), nproc=RANKS),
+                STAGES,
             )
         )
-    failed = [
-        f"stage {stage}: exit {run.returncode}: {run.stderr[-300:]}"
-        for stage, run in zip(runs, done, strict=True)
-        if run.returncode != 0
-    ]
-    assert not failed, "\n".join(failed)
-    assert all(run.stdout.count(" trained") == RANKS for run in done)
+    for stage, run in zip(STAGES, done, strict=True):
+        assert run.returncode == 0, f"stage {stage}: exit {run.returncode}: {run.stderr[-300:]}"
+        assert run.stdout.count(" trained") == RANKS, run.stdout
+        assert run.stdout.count("group up at exit: False") == RANKS, (stage, run.stdout)
 
 
 @pytest.fixture
