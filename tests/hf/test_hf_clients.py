@@ -212,7 +212,7 @@ def test_training_at_stage_3_on_the_built_in_engine_matches_ddp_and_saves_whole_
     whole weights, equal to DDP's, that load into a fresh model. Stage 3 only: the one whose
     parameters, gradients and optimizer are all sharded, which the Trainer builds under
     ``zero.Init`` and gathers to save; that every stage matches one process is the engine's
-    own tests', and each stage through the Trainer is tuned below and in test_launchers."""
+    own tests', and the Trainer is run at every stage by this file's tuning tests."""
     from transformers import AutoModelForCausalLM
 
     common = ["--model_name_or_path", str(saved_model), *trainer_args(4, 3)]
