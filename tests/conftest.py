@@ -48,11 +48,19 @@ def ray_cluster() -> Iterator[str]:
     """A 2-CPU embedded Ray for the whole session; yields its address. Runners created while
     it is up connect to it and leave it running."""
     ray = pytest.importorskip("ray")
+    from autotune.runner import ray_runner
     from autotune.runner.ray_cluster import connect_ray
 
     # Started as a runner starts its own, so the tests see the ranks a user's run gets.
     connect_ray(None, num_cpus=2, quiet=True)
+    # Each test's runs start on the actors an earlier test's runs of the same kind left warm,
+    # as a notebook's second run does with keep_warm: torch and the scripts' libraries are
+    # imported once per worker, not once per run (this process only: subprocesses' runners
+    # on other clusters must free their CPUs as they close).
+    keep_warm = pytest.MonkeyPatch()
+    keep_warm.setattr(ray_runner, "KEEP_WARM_DEFAULT", True)
     try:
         yield str(ray.get_runtime_context().gcs_address)
     finally:
+        keep_warm.undo()
         ray.shutdown()

@@ -60,6 +60,32 @@ def own_import_root() -> str | None:
     return None if root.startswith(interpreter_dirs()) else root
 
 
+def forget_modules_from_outside() -> list[str]:
+    """Drop from ``sys.modules`` every module loaded from a file outside the interpreter's
+    directories and autotune's own package: a user's code, which the next import reads
+    afresh, as a new process would. Installed libraries stay imported. The names dropped.
+
+    Example:
+        >>> import types
+        >>> module = types.ModuleType("edited_since")
+        >>> module.__file__ = "/no/such/folder/edited_since.py"
+        >>> sys.modules["edited_since"] = module
+        >>> "edited_since" in forget_modules_from_outside(), "edited_since" in sys.modules
+        (True, False)
+    """
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    kept = tuple(os.path.join(folder, "") for folder in (*interpreter_dirs(), package))
+    files = {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())}
+    outside = [
+        name
+        for name, file in files.items()
+        if isinstance(file, str) and not os.path.abspath(file).startswith(kept)
+    ]
+    for name in outside:
+        del sys.modules[name]
+    return outside
+
+
 def torchrun_env(world_size: int, rank: int, init_method: str, device: Any) -> dict[str, str]:
     """torchrun's variables for ``rank``; MASTER_* from a ``tcp://host:port`` rendezvous
     (``env://`` keeps the ones already set). One node: the local rank is the rank, except on

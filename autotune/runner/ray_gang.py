@@ -3,6 +3,12 @@
 A gang holds ``world_size`` actors of one :class:`GangShape`; its placement group's bundles are
 exclusive, so two gangs never share a GPU or a CPU slot. The :class:`Pool` keeps gangs warm
 between experiments, by shape, and evicts idle ones when another shape needs their room.
+
+A runner that keeps its gangs warm (``RayRunner(keep_warm=True)``) parks its idle gangs as it
+closes, for the next runner of this process on the same cluster (:func:`take_parked`): a
+notebook's second run, or the next test, then starts on actors that have imported torch and
+the libraries its scripts use. A parked gang holds its resources until a runner takes it, a
+runner needs them for a gang of another kind, or the process or cluster ends.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -32,6 +38,7 @@ from autotune.runner.outcome import RankOutcome, failure_outcome
 from autotune.runner.process import (
     PortReservation,
     PortReserver,
+    forget_modules_from_outside,
     interpreter_dirs,
     own_import_root,
     proc_status,
@@ -66,6 +73,21 @@ class GangShape:
         if self.gpus_per_rank:
             bundle["GPU"] = self.gpus_per_rank
         return bundle
+
+
+@dataclass(frozen=True)
+class GangKind:
+    """What, beside its shape, a gang's actors were started with: a parked gang serves a
+    runner whose gangs would be started alike (:func:`take_parked`)."""
+
+    rank_fn: RankFn
+    strategy: Strategy
+    env_vars: tuple[tuple[str, str], ...]
+    preload_torch: bool = True
+    reserve: PortReserver = reserve_port
+    # The workers' PYTHONPATH (a runtime_env), None where Ray's workers import what the
+    # driver imports.
+    python_path: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,11 +148,14 @@ class _RankActor:
         reserve: PortReserver = reserve_port,
         env_vars: Mapping[str, str] | None = None,
     ) -> None:
+        # What a new run puts back (see begin_run).
+        self._start_path, self._start_cwd = list(sys.path), os.getcwd()
         # Set here, before torch is imported, rather than by a runtime_env: an actor with a
         # runtime_env of its own cannot take one of the workers Ray starts ahead (measured:
         # 0.6-1.7 s more per gang on 2 cores). Nothing in a fresh worker has loaded OpenMP or
         # CUDA yet, and each reads its variables once, as it loads.
         os.environ.update(env_vars or {})
+        self._preload = preload_torch
         if preload_torch:
             import torch
 
@@ -138,16 +163,32 @@ class _RankActor:
 
             torch.set_num_threads(shape.cpus_per_rank)
             preload_rank_modules()  # what a fresh launch pays every time, paid once here
-            # A failure here is left for the experiment to meet and report with its traceback.
-            with contextlib.suppress(Exception):
-                measuring_engine(shape.engine).prepare(shape.world_size)
+            self._prepare(shape)
         self._rank_fn = rank_fn
         self._reserve = reserve
         self._reservation: PortReservation | None = None
         gc.freeze()
 
+    def _prepare(self, shape: GangShape) -> None:
+        # A failure here is left for the experiment to meet and report with its traceback.
+        with contextlib.suppress(Exception):
+            measuring_engine(shape.engine).prepare(shape.world_size)
+
     def ready(self) -> None:
         """Answers once the actor has started (its ``__init__`` done)."""
+
+    def begin_run(self, shape: GangShape) -> None:
+        """Another run takes this warm actor, for experiments of ``shape``: its code is
+        imported afresh, as a new actor would (a file edited since, or another run's module
+        of the same name), while torch and the installed libraries stay imported. The import
+        path and working directory are put back as they were when the actor started (the
+        next experiment applies its driver's), and the engine is prepared as a new actor's."""
+        sys.path[:] = self._start_path
+        if os.path.isdir(self._start_cwd):
+            os.chdir(self._start_cwd)
+        forget_modules_from_outside()
+        if self._preload:
+            self._prepare(shape)
 
     def rendezvous(self) -> str:
         """Where this experiment's ranks meet: a port on this (the rank-0) node, held until
@@ -198,31 +239,23 @@ _RemoteRankActor: Any = ray.remote(max_restarts=0, max_task_retries=0)(_RankActo
 class Gang:
     """``world_size`` warm rank actors in one placement group; runs one experiment at a time."""
 
-    def __init__(
-        self,
-        shape: GangShape,
-        rank_fn: RankFn,
-        strategy: Strategy,
-        env_vars: Mapping[str, str],
-        preload_torch: bool = True,
-        reserve: PortReserver = reserve_port,
-        python_path: Sequence[str] | None = None,
-    ) -> None:
-        """``env_vars``: set by each actor as it starts; ``python_path``: its workers'
-        ``PYTHONPATH`` (a runtime_env, so fresh workers), None where Ray's workers already
-        import what the driver imports."""
+    def __init__(self, shape: GangShape, kind: GangKind) -> None:
+        """``kind.env_vars``: set by each actor as it starts; ``kind.python_path``: its
+        workers' ``PYTHONPATH`` (a runtime_env, so fresh workers)."""
         self.shape = shape
+        self.kind = kind
         self.created = time.monotonic()
         self.last_used = self.created
         self.busy = False
         self._placed = False
         bundle = shape.bundle()
-        self.group: PlacementGroup = placement_group([bundle] * shape.world_size, strategy)
+        self.group: PlacementGroup = placement_group([bundle] * shape.world_size, kind.strategy)
         self._ready = self.group.ready()
         custom = dict(shape.resources_per_rank)
         runtime_env = None
-        if python_path is not None:
-            runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(python_path)}}
+        if kind.python_path is not None:
+            runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(kind.python_path)}}
+        env_vars = dict(kind.env_vars)
         self.actors: list[Any] = [
             _RemoteRankActor.options(
                 num_cpus=shape.cpus_per_rank,
@@ -232,7 +265,7 @@ class Gang:
                     self.group, placement_group_bundle_index=rank
                 ),
                 runtime_env=runtime_env,
-            ).remote(rank_fn, shape, preload_torch, reserve, dict(env_vars))
+            ).remote(kind.rank_fn, shape, kind.preload_torch, kind.reserve, env_vars)
             for rank in range(shape.world_size)
         ]
         self._starting = [actor.ready.remote() for actor in self.actors]
@@ -255,10 +288,51 @@ class Gang:
         nodes = placement_group_table(self.group).get("bundles_to_node_id", {})
         return str(nodes.get(rank, ""))
 
+    def begin_run(self, shape: GangShape) -> None:
+        """Hand this gang to another run, for experiments of ``shape`` (its engine may differ
+        from the last run's; see :meth:`_RankActor.begin_run`). Until its actors are done,
+        the gang counts as starting: the first experiment's ranks begin after."""
+        self.shape = shape
+        self._starting = [actor.begin_run.remote(shape) for actor in self.actors]
+
     def kill(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         remove_placement_group(self.group)
+
+
+# Gangs that runners which keep them warm left idle as they closed, with the GCS address of
+# the cluster they run on: for the next runner of this process (see the module's doc).
+_parked: list[tuple[str, Gang]] = []
+
+
+def park(gang: Gang) -> None:
+    _parked.append((ray.get_runtime_context().gcs_address, gang))
+
+
+def take_parked(shape: GangShape, kind: GangKind) -> Gang | None:
+    """A parked gang of ``shape`` (but perhaps another engine, prepared as it is taken) and
+    ``kind`` on the connected cluster, handed to a new run; None if there is none, and then
+    every other parked gang is killed: the gang to be started in its stead needs the room.
+    Gangs of a cluster since shut down are forgotten."""
+    address = ray.get_runtime_context().gcs_address
+    _parked[:] = [(where, gang) for where, gang in _parked if where == address]
+    for entry in _parked:
+        gang = entry[1]
+        if replace(gang.shape, engine=shape.engine) == shape and gang.kind == kind:
+            _parked.remove(entry)
+            gang.last_used = time.monotonic()
+            gang.begin_run(shape)
+            return gang
+    release_parked()
+    return None
+
+
+def release_parked() -> None:
+    """Kill the parked gangs, giving their resources back to the cluster."""
+    while _parked:
+        with contextlib.suppress(Exception):  # an actor already gone, or its cluster
+            _parked.pop()[1].kill()
 
 
 class Pool:
@@ -304,9 +378,14 @@ class Pool:
         for gang in [g for g in self.gangs if not g.busy]:
             self.discard(gang, replace_it=False)
 
-    def close(self) -> None:
+    def close(self, keep_warm: bool = False) -> None:
+        """Kill every gang; with ``keep_warm``, park the idle ones whose actors have started
+        instead (see :func:`take_parked`)."""
         for gang in self.gangs:
-            gang.kill()
+            if keep_warm and not gang.busy and gang.placed() and not gang.starting():
+                park(gang)
+            else:
+                gang.kill()
         self.gangs.clear()
 
     def _evict_one_idle(self, other_than: GangShape) -> None:

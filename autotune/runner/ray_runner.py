@@ -42,6 +42,7 @@ modules must use ``num_cpus=0`` or it queues forever.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -61,11 +62,14 @@ from autotune.runner.ray_gang import (
     ActorInfo,
     DriverPaths,
     Gang,
+    GangKind,
     GangShape,
     Pool,
     RankFn,
     Strategy,
     ranks_per_node,
+    release_parked,
+    take_parked,
 )
 
 # While nothing of ours runs, how long an experiment may wait for its gang to be placed before
@@ -73,6 +77,11 @@ from autotune.runner.ray_gang import (
 PLACEMENT_TIMEOUT_S = 300.0
 # How often the scheduler wakes up when no rank reports: for deadlines and pending placement.
 POLL_S = 0.2
+# Whether runners keep their actors warm for the next run of this process (see keep_warm)
+# where the caller does not say: None defers to AUTOTUNE_RAY_KEEP_WARM=1 in the environment
+# (read as each runner starts, so also for a process's children).
+KEEP_WARM_ENV = "AUTOTUNE_RAY_KEEP_WARM"
+KEEP_WARM_DEFAULT: bool | None = None
 
 
 class RayRunner:
@@ -112,6 +121,12 @@ class RayRunner:
             experiment waiting for them fails (its ``timeout_s`` starts once they have).
         reserve_port: how rank 0's actor holds the rendezvous port (tests inject a
             collision); runs in that actor.
+        keep_warm: on a cluster this runner did not start, leave its idle actors running as
+            it closes, for the next runner of this process (a notebook's next run): that run
+            starts on actors that have imported torch and its scripts' libraries, while
+            modules from outside the Python installation are imported afresh. They hold
+            their CPUs and GPUs until a runner takes them or needs the room, or this process
+            ends. Default: the environment variable ``AUTOTUNE_RAY_KEEP_WARM=1``.
     """
 
     def __init__(
@@ -127,8 +142,14 @@ class RayRunner:
         quiet: bool = True,
         actor_start_timeout_s: float = ACTOR_START_TIMEOUT_S,
         reserve_port: PortReserver = reserve_port,
+        keep_warm: bool | None = None,
     ) -> None:
         self._owns_ray = connect_ray(address, num_cpus, quiet)
+        if keep_warm is None:
+            keep_warm = KEEP_WARM_DEFAULT
+        if keep_warm is None:
+            keep_warm = os.environ.get(KEEP_WARM_ENV) == "1"
+        self._keep_warm = keep_warm and not self._owns_ray
         self._worker_paths = worker_paths()  # what Ray's workers import from already
         if gpus_per_rank is None:
             gpus_per_rank = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
@@ -277,8 +298,10 @@ class RayRunner:
         return infos
 
     def release_idle(self) -> None:
-        """Kill the idle warm actors, giving their resources back to the cluster."""
+        """Kill the idle warm actors, and those earlier runners left warm (``keep_warm``),
+        giving their resources back to the cluster."""
         self._pool.release_idle()
+        release_parked()
 
     def close(self) -> None:
         """Kill every actor this runner started; shut Ray down if this runner started it."""
@@ -287,7 +310,7 @@ class RayRunner:
         self._closed = True
         self._queued.clear()
         self._running.clear()
-        self._pool.close()
+        self._pool.close(keep_warm=self._keep_warm)
         if self._owns_ray and ray.is_initialized():
             shutdown_ray()
 
@@ -352,16 +375,15 @@ class RayRunner:
         # them in a runtime_env (and so workers of their own, started for them: seconds).
         paths = DriverPaths.capture().sys_path
         python_path = None if set(paths) <= set(self._worker_paths) else paths
-        strategy = self._strategy_for(shape)
-        return Gang(
-            shape,
+        kind = GangKind(
             self._rank_fn,
-            strategy,
-            env_vars,
+            self._strategy_for(shape),
+            tuple(sorted(env_vars.items())),
             self._preload_torch,
             self._reserve_port,
             python_path,
         )
+        return take_parked(shape, kind) or Gang(shape, kind)
 
     def _finish(self, experiment: RunningExperiment) -> ExperimentResult | None:
         """The experiment's result, or None when it runs again: a failure of the machinery

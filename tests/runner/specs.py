@@ -4,6 +4,7 @@ module they can import)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -75,10 +76,15 @@ RANK_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
 def stand_in_rank(spec: ExperimentSpec, rank: int, init_method: str) -> RankOutcome:
     """Sleeps ``sleep_s`` and reports success; writes its pid to ``pid_dir`` and its
-    :data:`RANK_ENV` (JSON) to ``env_dir`` if given."""
+    :data:`RANK_ENV` (JSON) to ``env_dir`` if given, and with ``value_of`` (a module on the
+    driver's import path) that module's ``VALUE`` as this process imports it, beside the pid
+    (``NAME-RANK.value``)."""
     args = spec.workload_args
     if "pid_dir" in args:
         (Path(args["pid_dir"]) / f"{spec.name}-{rank}").write_text(str(os.getpid()))
+    if "value_of" in args:
+        value = importlib.import_module(str(args["value_of"])).VALUE
+        (Path(args["pid_dir"]) / f"{spec.name}-{rank}.value").write_text(str(value))
     if "env_dir" in args:
         env = {name: os.environ.get(name) for name in RANK_ENV}
         (Path(args["env_dir"]) / f"{spec.name}-{rank}").write_text(json.dumps(env))

@@ -124,7 +124,8 @@ def test_ranks_without_gpus_see_none(
 ) -> None:
     # A rank that sees a GPU takes it for NCCL: CPU ranks on a GPU node must not see one.
     made: list[dict[str, str]] = []
-    monkeypatch.setattr(ray_runner, "Gang", lambda shape, fn, strategy, env, *_: made.append(env))
+    monkeypatch.setattr(ray_runner, "take_parked", lambda shape, kind: None)
+    monkeypatch.setattr(ray_runner, "Gang", lambda shape, kind: made.append(dict(kind.env_vars)))
     runner = object.__new__(RayRunner)
     runner._rank_fn, runner._strategy, runner._preload_torch = None, "PACK", True
     runner._reserve_port, runner._worker_paths = None, ()
@@ -140,7 +141,8 @@ def test_actors_get_the_drivers_paths_in_a_runtime_env_only_where_workers_lack_t
     # Ray's workers do not already import from the driver's paths (a cluster started
     # elsewhere, or paths the driver added since it started this one).
     made: list[object] = []
-    monkeypatch.setattr(ray_runner, "Gang", lambda *args: made.append(args[6]))
+    monkeypatch.setattr(ray_runner, "take_parked", lambda shape, kind: None)
+    monkeypatch.setattr(ray_runner, "Gang", lambda shape, kind: made.append(kind.python_path))
     runner = object.__new__(RayRunner)
     runner._rank_fn, runner._strategy, runner._preload_torch = None, "PACK", True
     paths = DriverPaths.capture().sys_path

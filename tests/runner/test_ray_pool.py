@@ -245,3 +245,26 @@ def test_ranks_run_at_the_drivers_priority(runner: RayRunner, tmp_path: Path) ->
     assert result.ok
     rank_pid = int((tmp_path / "priority-0").read_text())
     assert os.getpriority(os.PRIO_PROCESS, rank_pid) == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_a_runner_that_keeps_warm_hands_its_actors_to_the_next_run_which_reads_code_afresh(
+    runner: RayRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner.release_idle()  # the runners below need a CPU this module's runner may hold
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = tmp_path / "edited_between_runs.py"
+    for run, value in enumerate(["first", "second, edited"]):
+        module.write_text(f"VALUE = {value!r}\n")  # another size: no stale bytecode either
+        with RayRunner(rank_fn=stand_in_rank, preload_torch=False, keep_warm=True) as warm:
+            experiment = stand_in(f"run{run}", pid_dir=str(tmp_path), value_of=module.stem)
+            assert warm.run(experiment).ok
+    # One actor ran both runs, and imported the module again for the second: its edit shows.
+    pid = (tmp_path / "run0-0").read_text()
+    assert (tmp_path / "run1-0").read_text() == pid
+    assert (tmp_path / "run0-0.value").read_text() == "first"
+    assert (tmp_path / "run1-0.value").read_text() == "second, edited"
+    # A runner that does not keep warm takes the parked actor too, and leaves nothing running.
+    with RayRunner(rank_fn=stand_in_rank, preload_torch=False, keep_warm=False) as cold:
+        assert cold.run(stand_in("cold", pid_dir=str(tmp_path))).ok
+    assert (tmp_path / "cold-0").read_text() == pid
+    assert wait_for(lambda: not alive(int(pid))), "the actor outlived a runner without keep_warm"
