@@ -310,7 +310,8 @@ class RayRunner:
         self._closed = True
         self._queued.clear()
         self._running.clear()
-        self._pool.close(keep_warm=self._keep_warm)
+        # Nothing to keep where Ray was shut down under the runner.
+        self._pool.close(keep_warm=self._keep_warm and ray.is_initialized())
         if self._owns_ray and ray.is_initialized():
             shutdown_ray()
 
