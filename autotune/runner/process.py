@@ -37,6 +37,11 @@ def interpreter_dirs() -> tuple[str, ...]:
     return tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
 
 
+def _package_dir() -> str:
+    """The folder of this autotune package (``.../autotune``)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def own_import_root() -> str | None:
     """The folder this autotune package is imported from, for the import path of a fresh
     process (a Ray worker, a torchrun rank); None where it is installed in the interpreter.
@@ -55,8 +60,7 @@ def own_import_root() -> str | None:
         >>> root is None or os.path.isfile(os.path.join(root, "autotune", "__init__.py"))
         True
     """
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autotune/
-    root = os.path.dirname(package)
+    root = os.path.dirname(_package_dir())
     return None if root.startswith(interpreter_dirs()) else root
 
 
@@ -73,8 +77,7 @@ def forget_modules_from_outside() -> list[str]:
         >>> "edited_since" in forget_modules_from_outside(), "edited_since" in sys.modules
         (True, False)
     """
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    kept = tuple(os.path.join(folder, "") for folder in (*interpreter_dirs(), package))
+    kept = tuple(os.path.join(folder, "") for folder in (*interpreter_dirs(), _package_dir()))
     files = {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())}
     outside = [
         name

@@ -148,7 +148,7 @@ class RayRunner:
         if keep_warm is None:
             keep_warm = KEEP_WARM_DEFAULT
         if keep_warm is None:
-            keep_warm = os.environ.get(KEEP_WARM_ENV) == "1"
+            keep_warm = _keep_warm_from_env()
         self._keep_warm = keep_warm and not self._owns_ray
         self._worker_paths = worker_paths()  # what Ray's workers import from already
         if gpus_per_rank is None:
@@ -304,7 +304,8 @@ class RayRunner:
         release_parked()
 
     def close(self) -> None:
-        """Kill every actor this runner started; shut Ray down if this runner started it."""
+        """Kill every actor this runner started (with ``keep_warm``, park the idle ones for
+        the next runner); shut Ray down if this runner started it."""
         if self._closed:
             return
         self._closed = True
@@ -455,6 +456,13 @@ class RayRunner:
         # Whatever else has finished by now comes along without waiting.
         done, _ = ray.wait(futures, num_returns=len(futures), timeout=0)
         return list(done) or list(ready)
+
+
+def _keep_warm_from_env() -> bool:
+    value = os.environ.get(KEEP_WARM_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ConfigError(KEEP_WARM_ENV, f"{value!r} is neither 1 (keep warm) nor 0 (do not)")
+    return value == "1"
 
 
 def check_gpus_fit(world_size: int, gpus_per_rank: float, cluster_gpus: float) -> None:

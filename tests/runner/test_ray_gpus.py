@@ -149,3 +149,14 @@ def test_actors_get_the_drivers_paths_in_a_runtime_env_only_where_workers_lack_t
     runner._reserve_port, runner._worker_paths = None, paths if known_to_workers else ()
     runner._make_gang(GangShape(2, 1, 0.0))
     assert made == [None if known_to_workers else paths]
+
+
+def test_keep_warm_from_the_environment_takes_1_or_0_and_refuses_anything_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for value, keep in [("1", True), ("0", False), ("", False)]:
+        monkeypatch.setenv("AUTOTUNE_RAY_KEEP_WARM", value)
+        assert ray_runner._keep_warm_from_env() is keep
+    monkeypatch.setenv("AUTOTUNE_RAY_KEEP_WARM", "yes")
+    with pytest.raises(ConfigError, match="AUTOTUNE_RAY_KEEP_WARM: 'yes' is neither 1"):
+        ray_runner._keep_warm_from_env()
