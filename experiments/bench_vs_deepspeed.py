@@ -483,14 +483,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             "DeepSpeed's autotuner prints its results with tabulate: bash install.sh deepspeed"
         )
 
-    work = Path(tempfile.mkdtemp(prefix="bench_vs_deepspeed_"))
+    work: Path | None = None  # the tuners' folders, where this run tunes
     if args.winners_from is not None:
-        earlier = json.loads(args.winners_from.read_text())
+        try:
+            earlier = json.loads(args.winners_from.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise SystemExit(f"--winners-from {args.winners_from}: {err}") from None
         runs, build_s = earlier["runs"], earlier["ops_build_s"]
         how = earlier["how"]
         args.rounds, args.modes = how["rounds"], how["modes"]
         args.shapes = how.get("shapes", ["trainer"])
     else:
+        work = Path(tempfile.mkdtemp(prefix="bench_vs_deepspeed_"))
         runs, build_s = tune_rounds(args, work)
     if args.winners_from is not None and args.measure_rounds == 0:  # its table again
         samples = earlier["winner_samples_per_s"]
@@ -548,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "summary": summary,
     }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out} (the tuners' folders: {work})")
+    print(f"wrote {args.out}" + (f" (the tuners' folders: {work})" if work else ""))
 
 
 if __name__ == "__main__":
