@@ -282,6 +282,28 @@ def test_a_folder_of_its_own_that_holds_builds_is_kept_while_the_default_holds_n
     assert extensions_dir() == own_extensions_dir()
 
 
+def test_ops_are_built_by_the_environments_ninja_however_the_run_was_started(
+    tmp_path: Path,
+) -> None:
+    def executable(folder: Path) -> Path:
+        folder.mkdir()
+        tool = folder / "ninja"
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
+        return folder
+
+    scripts, system = executable(tmp_path / "venv-bin"), executable(tmp_path / "usr-bin")
+    first = deepspeed_engine.environment_ninja_first
+    # Not activated: the system's ninja would build, taking the environment's builds for
+    # changed commands (another version's hash) and rebuilding every op.
+    assert first(f"{system}:/bin", str(scripts)) == f"{scripts}:{system}:/bin"
+    assert first("", str(scripts)) == str(scripts)
+    # Activated (or its ninja found first anyway): PATH as it was.
+    assert first(f"{scripts}:{system}", str(scripts)) == f"{scripts}:{system}"
+    # An environment without a ninja of its own (torch finds one on PATH, or says so): unchanged.
+    assert first(f"{system}:/bin", str(tmp_path / "no-ninja")) == f"{system}:/bin"
+
+
 def test_the_cpus_description_is_asked_once_a_boot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
