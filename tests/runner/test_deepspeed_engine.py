@@ -304,6 +304,32 @@ def test_ops_are_built_by_the_environments_ninja_however_the_run_was_started(
     assert first(f"{system}:/bin", str(tmp_path / "no-ninja")) == f"{system}:/bin"
 
 
+@needs_deepspeed
+def test_a_rank_loading_deepspeed_unactivated_finds_the_environments_ninja(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+    import sysconfig
+
+    ninja = Path(sysconfig.get_path("scripts")) / "ninja"
+    if not os.access(ninja, os.X_OK):
+        pytest.skip("this environment has no ninja of its own")
+    code = (
+        "import shutil\n"
+        "from autotune.runner import deepspeed_engine\n"
+        "deepspeed_engine.load(2)\n"
+        "print(shutil.which('ninja'))\n"
+    )
+    # As a rank of a run started without the environment activated: its bin not on PATH.
+    env = {**os.environ, "PATH": "/usr/bin:/bin", deepspeed_engine.EXTENSIONS_ENV: str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert os.path.realpath(done.stdout.strip().splitlines()[-1]) == os.path.realpath(ninja)
+
+
 def test_the_cpus_description_is_asked_once_a_boot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
