@@ -334,6 +334,41 @@ def parameter_counts(model: nn.Module) -> tuple[int, tuple[int, ...]]:
     return len(seen), tuple(per_module)
 
 
+def _profiled(
+    model: nn.Module,
+    measure: Callable[[], tuple[int, int, float]],
+    checkpointing: Callable[[bool], None] | None,
+) -> ModelInfo:
+    """The info of ``model`` from ``measure()`` (per sample: bytes saved for backward, the
+    step's peak beyond them, the FLOPs), measured again with ``checkpointing`` switched on
+    where it is given: what checkpointing saves and the FLOPs it recomputes."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    saved, backward, flops = measure()
+    tensors, per_module = parameter_counts(model)
+    info = ModelInfo(
+        num_params=sum(p.numel() for p in params),
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        activation_bytes_per_sample=saved,
+        flops_per_sample=float(flops),
+        backward_bytes_per_sample=backward,
+        num_param_tensors=tensors,
+        module_param_counts=per_module,
+    )
+    if checkpointing is None:
+        return info
+    checkpointing(True)
+    try:
+        saved, backward, checkpointed_flops = measure()
+    finally:
+        checkpointing(False)
+    return replace(
+        info,
+        checkpointed_activation_bytes_per_sample=saved,
+        checkpointed_backward_bytes_per_sample=backward,
+        recompute_flops_per_sample=float(max(checkpointed_flops - flops, 0)),
+    )
+
+
 def model_info_on_meta(
     workload: Workload,
     precision: str = "fp32",
@@ -354,7 +389,6 @@ def model_info_on_meta(
             made on a fixed device).
     """
     model = workload.model.to(_DTYPES[precision])
-    params = list({id(p): p for p in model.parameters()}.values())
     generator = torch.Generator().manual_seed(0)
 
     def on_meta(size: int) -> list[Any]:
@@ -400,33 +434,12 @@ def model_info_on_meta(
     assume_selected = torch.fx.experimental._config.patch(  # type: ignore[attr-defined]
         meta_nonzero_assume_all_nonzero=True
     )
-    with assume_selected:
-        saved, backward, flops = measure()
-    tensors, per_module = parameter_counts(model)
-    info = ModelInfo(
-        num_params=sum(p.numel() for p in params),
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
-        activation_bytes_per_sample=saved,
-        flops_per_sample=float(flops),
-        backward_bytes_per_sample=backward,
-        num_param_tensors=tensors,
-        module_param_counts=per_module,
-    )
-    if checkpointing is None:
-        return info
-    checkpointing(True)
-    try:
+
+    def measure_selected() -> tuple[int, int, int]:
         with assume_selected:
-            saved, backward, checkpointed_flops = measure()
-        recompute = checkpointed_flops - flops
-    finally:
-        checkpointing(False)
-    return replace(
-        info,
-        checkpointed_activation_bytes_per_sample=saved,
-        checkpointed_backward_bytes_per_sample=backward,
-        recompute_flops_per_sample=float(max(recompute, 0)),
-    )
+            return measure()
+
+    return _profiled(model, measure_selected, checkpointing)
 
 
 def model_info(
@@ -450,7 +463,6 @@ def model_info(
         The model's info.
     """
     model = workload.model
-    params = list({id(p): p for p in model.parameters()}.values())
     generator = torch.Generator().manual_seed(0)
     batch = lambda size: workload.make_batch(size, generator)  # noqa: E731
 
@@ -460,30 +472,7 @@ def model_info(
         flops = flops_per_micro_batch(workload, micro_batch_size) / micro_batch_size
         return saved, max(peak - saved, 0), flops
 
-    saved, backward, flops = measure()
-    tensors, per_module = parameter_counts(model)
-    info = ModelInfo(
-        num_params=sum(p.numel() for p in params),
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
-        activation_bytes_per_sample=saved,
-        flops_per_sample=flops,
-        backward_bytes_per_sample=backward,
-        num_param_tensors=tensors,
-        module_param_counts=per_module,
-    )
-    if checkpointing is None:
-        return info
-    checkpointing(True)
-    try:
-        saved, backward, checkpointed_flops = measure()
-    finally:
-        checkpointing(False)
-    return replace(
-        info,
-        checkpointed_activation_bytes_per_sample=saved,
-        checkpointed_backward_bytes_per_sample=backward,
-        recompute_flops_per_sample=max(checkpointed_flops - flops, 0.0),
-    )
+    return _profiled(model, measure, checkpointing)
 
 
 def profile_workload(config: Config, workload: str, workload_args: Mapping[str, Any]) -> ModelInfo:
