@@ -13,6 +13,9 @@ import json
 import mmap
 import os
 import re
+import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -308,10 +311,6 @@ def test_ops_are_built_by_the_environments_ninja_however_the_run_was_started(
 def test_a_rank_loading_deepspeed_unactivated_finds_the_environments_ninja(
     tmp_path: Path,
 ) -> None:
-    import subprocess
-    import sys
-    import sysconfig
-
     ninja = Path(sysconfig.get_path("scripts")) / "ninja"
     if not os.access(ninja, os.X_OK):
         pytest.skip("this environment has no ninja of its own")
